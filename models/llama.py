@@ -1,0 +1,121 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) whose attention reads and writes the paged KV cache."""
+
+import torch
+from torch import nn
+
+from strata.kernels import AttentionBackend, AttentionMetadata, LayerKV
+from strata.models.config import ModelConfig
+from strata.models.rope import RotaryEmbedding
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in fp32, like the reference implementation, so fp32 outputs match it bit for bit."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    """GQA attention: q/k/v in one matmul; only the KV heads are stored in the cache."""
+
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.scale = self.head_dim**-0.5
+        self.rope = rope
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, backend: AttentionBackend
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rope(positions, q, k)
+        backend.write_kv(k, v, kv, meta.slot_mapping)
+        num_prefill = meta.num_prefill_tokens
+        if num_prefill == q.shape[0]:
+            out = backend.prefill(q, kv, meta, self.scale)
+        elif num_prefill == 0:
+            out = backend.decode(q, kv, meta.decode_block_tables, meta.decode_context_lens, self.scale)
+        else:
+            out = torch.cat([
+                backend.prefill(q[:num_prefill], kv, meta, self.scale),
+                backend.decode(q[num_prefill:], kv, meta.decode_block_tables, meta.decode_context_lens, self.scale),
+            ])
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    """SwiGLU with gate and up projections fused into one matmul."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding):
+        super().__init__()
+        self.self_attn = Attention(cfg, rope)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, x, kv, meta, backend) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), kv, meta, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        rope = RotaryEmbedding(cfg, max_positions)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Token ids of a flat, mixed prefill/decode batch in; hidden states out; logits only for rows asked."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg, max_positions)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_layers: list[LayerKV],
+        meta: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        x = self.model.embed_tokens(input_ids)
+        for layer, kv in zip(self.model.layers, kv_layers):
+            x = layer(positions, x, kv, meta, backend)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)

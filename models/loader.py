@@ -1,0 +1,101 @@
+"""Build a model from a local Hugging Face folder (safetensors) or as random weights of a named shape."""
+
+from pathlib import Path
+
+import torch
+
+from strata.models.config import ModelConfig
+from strata.models.llama import LlamaForCausalLM
+from strata.models.named_shapes import hf_config_for
+
+LOAD_FORMATS = ("auto", "dummy")
+
+
+def read_config(path: Path) -> ModelConfig:
+    """Read config.json of a local model folder (clear error when the folder is not a model)."""
+    from transformers import AutoConfig
+
+    if not path.is_dir():
+        raise FileNotFoundError(f"model path {path} does not exist or is not a folder")
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"model folder {path} has no config.json")
+    return ModelConfig.from_hf(AutoConfig.from_pretrained(path), name=path.name)
+
+
+def load_model(
+    path: Path | None,
+    load_format: str,
+    model_config: str | None,
+    dtype: torch.dtype,
+    device: torch.device,
+    max_positions: int,
+    seed: int = 0,
+) -> LlamaForCausalLM:
+    """Instantiate our forward and fill it: from safetensors, or random (dummy) weights of a named real shape."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load format {load_format!r}; choose one of {LOAD_FORMATS}")
+    if load_format == "dummy":
+        if model_config is None:
+            raise ValueError("--load-format dummy needs --model-config NAME")
+        cfg = ModelConfig.from_hf(hf_config_for(model_config), name=model_config)
+    else:
+        cfg = read_config(path)
+    with torch.device(device):
+        model = LlamaForCausalLM(cfg, max_positions).to(dtype)
+    model.eval().requires_grad_(False)
+    if load_format == "dummy":
+        fill_random(model, seed)
+    else:
+        load_safetensors(model, path)
+    return model
+
+
+def fill_random(model: LlamaForCausalLM, seed: int) -> None:
+    """Random weights with a real checkpoint's scale, so activations stay finite in bf16."""
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=generator)
+
+
+def load_safetensors(model: LlamaForCausalLM, path: Path) -> None:
+    """Copy HF tensors into our modules, fusing q/k/v and gate/up on the way."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model folder {path} has no *.safetensors files")
+    params = dict(model.named_parameters())
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    loaded: set[str] = set()
+    fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+             "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for key in f.keys():
+                tensor = f.get_tensor(key)
+                module, _, leaf = key.rpartition(".")
+                parent, _, proj = module.rpartition(".")
+                if proj in fused:
+                    target, index = fused[proj]
+                    name = f"{parent}.{target}.{leaf}"
+                    parts = pending.setdefault(name, {})
+                    parts[index] = tensor
+                    if len(parts) == (3 if target == "qkv_proj" else 2):
+                        tensor = torch.cat([parts[i] for i in sorted(parts)])
+                        del pending[name]
+                    else:
+                        continue
+                else:
+                    name = key
+                if name == "lm_head.weight" and model.config.tie_word_embeddings:
+                    continue
+                if name not in params:
+                    raise ValueError(f"unexpected tensor {key} in {file.name}")
+                params[name].copy_(tensor)
+                loaded.add(name)
+    missing = set(params) - loaded - ({"lm_head.weight"} if model.config.tie_word_embeddings else set())
+    if missing or pending:
+        raise ValueError(f"checkpoint in {path} lacks tensors: {sorted(missing | set(pending))[:5]}")
