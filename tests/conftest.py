@@ -1,0 +1,39 @@
+"""Test setup: Triton runs in interpreter mode on CPU; nothing is ever fetched from a model hub."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct folder (converted from the shipped GGUF on first use)."""
+    from strata.models.default_model import ensure_default_model
+
+    return ensure_default_model()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Tiny random Llama and Qwen2 checkpoints saved by transformers: the oracle and our loader read the same files."""
+    from transformers import AutoModelForCausalLM
+
+    from strata.models.named_shapes import hf_config_for
+
+    dirs = {}
+    for name in ("tiny-llama", "tiny-qwen2"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(hf_config_for(name), dtype=torch.float32)
+        path = tmp_path_factory.mktemp(name)
+        model.save_pretrained(path, safe_serialization=True)
+        dirs[name] = path
+    return dirs
