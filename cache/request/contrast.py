@@ -1,0 +1,173 @@
+"""Contrast guard: what differs between a query and a cached question, token by token, that cosine misses.
+
+Embeddings put "enable 2FA" next to "disable 2FA" and "TensorFlow 2.12" next to "2.13"; these features
+name such differences (numbers, negations, antonyms, swapped direction, entities, unmatched content words)
+so the verifier can reject a near neighbour that asks for a different answer.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+
+_CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_TOKEN = re.compile(rf"[{_CJK}]|\d+(?:[.,:]\d+)*%?|[^\W\d_{_CJK}]+(?:'[a-z]+)?", re.UNICODE)
+_NUMBER = re.compile(r"\d+(?:[.,:]\d+)*%?")
+_CN_NUMERALS = {"零": "0", "一": "1", "二": "2", "两": "2", "三": "3", "四": "4", "五": "5", "六": "6", "七": "7", "八": "8", "九": "9", "十": "10"}
+
+STOPWORDS = frozenset("""
+a an the of to in on for at by with from into about as is are was were be been being am do does did doing
+how what which who whom whose when where why can could should would will shall may might must i me my we our
+you your it its this that these those there here please tell show give get find need want let s some any and or
+vs versus way ways best good using use via just like than then so if
+的 了 吗 呢 吧 啊 么 是 我 你 他 她 它 们 在 怎 样 如 何 什 哪 个 请 问 能 可 以 要 想 会 该 一 下 有 和 与 或 就 都 也 还 把 被 给 对 呀 嘛
+""".split())
+
+NEGATIONS = frozenset("not no never none without cannot can't don't doesn't didn't isn't aren't won't shouldn't "
+                      "非 不 没 无 未 别 勿 莫".split())
+
+# Antonym / direction pairs: a query on one side and a cached question on the other want different answers.
+ANTONYMS: tuple[tuple[str, str], ...] = (
+    ("enable", "disable"), ("enabled", "disabled"), ("on", "off"), ("open", "close"), ("start", "stop"),
+    ("add", "remove"), ("add", "delete"), ("create", "delete"), ("install", "uninstall"), ("increase", "decrease"),
+    ("buy", "sell"), ("upload", "download"), ("import", "export"), ("ascending", "descending"), ("asc", "desc"),
+    ("reverse", "ascending"), ("min", "max"), ("minimum", "maximum"), ("before", "after"), ("encrypt", "decrypt"),
+    ("encode", "decode"), ("login", "logout"), ("subscribe", "unsubscribe"), ("lock", "unlock"), ("push", "pull"),
+    ("send", "receive"), ("deposit", "withdraw"), ("input", "output"), ("first", "last"), ("largest", "smallest"),
+    ("highest", "lowest"), ("cheapest", "expensive"), ("pros", "cons"), ("advantages", "disadvantages"),
+    ("compress", "decompress"), ("zip", "unzip"), ("mount", "unmount"), ("follow", "unfollow"), ("block", "unblock"),
+    ("upgrade", "downgrade"), ("import", "export"), ("north", "south"), ("east", "west"), ("male", "female"),
+    ("开通", "关闭"), ("开通", "取消"), ("打开", "关闭"), ("开启", "关闭"), ("订", "退"), ("绑定", "解绑"), ("上传", "下载"),
+    ("增加", "减少"), ("买", "卖"), ("登录", "退出"), ("充值", "提现"), ("收", "发"), ("存", "取"), ("加", "减"),
+    ("升级", "降级"), ("关注", "取消关注"), ("领取", "使用"), ("添加", "删除"), ("开", "关"), ("入", "出"), ("借", "还"),
+    ("注册", "注销"), ("修改", "查看"), ("申请", "取消"), ("冻结", "解冻"), ("锁定", "解锁"), ("最高", "最低"), ("最大", "最小"),
+    ("之前", "之后"), ("上", "下"), ("前", "后"), ("多", "少"), ("长", "短"), ("早", "晚"),
+)
+DIRECTION_MARKERS = frozenset("to into from than vs versus 到 转 换成 成 比 至 给".split())
+TEMPORAL = frozenset("latest current currently today now recent newest tonight tomorrow yesterday this "
+                     "最新 现在 今天 目前 当前 最近 明天 昨天".split())
+
+FEATURES = (
+    "cosine", "content_jaccard", "query_unmatched", "cached_unmatched", "max_unmatched", "number_mismatch",
+    "negation_mismatch", "antonym_flip", "direction_swap", "entity_mismatch", "temporal_mismatch",
+    "order_inversion", "length_ratio", "char_jaccard",
+)
+
+
+def normalize(text: str) -> str:
+    """NFKC (full-width to half-width), lower case, one space: the verifier sees what the index saw."""
+    return " ".join(unicodedata.normalize("NFKC", text).lower().split())
+
+
+def tokenize(text: str) -> list[str]:
+    """Words for Latin scripts, single characters for CJK (no segmenter needed), numbers kept whole."""
+    return _TOKEN.findall(normalize(text))
+
+
+def _stem(tok: str) -> str:
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(tok) > len(suffix) + 2 and tok.endswith(suffix):
+            return tok[: -len(suffix)]
+    return tok
+
+
+def _content(tokens: list[str]) -> list[str]:
+    return [_stem(t) for t in tokens if t not in STOPWORDS and t not in NEGATIONS]
+
+
+def _numbers(text: str) -> set[str]:
+    norm = normalize(text)
+    found = set(_NUMBER.findall(norm))
+    found |= {_CN_NUMERALS[c] for c in norm if c in _CN_NUMERALS and c not in "一两"}  # 一/两 are mostly articles
+    return found
+
+
+def _entities(text: str) -> set[str]:
+    """Capitalised words, quoted spans, version-like and site:/file tokens: names that must match exactly."""
+    nfkc = unicodedata.normalize("NFKC", text)
+    caps = {w.lower() for i, w in enumerate(re.findall(r"\b[A-Z][\w.+#-]*", nfkc)) if len(w) > 1}
+    quoted = {q.lower() for q in re.findall(r"['\"“‘「](.+?)['\"”’」]", nfkc)}
+    tech = {t.lower() for t in re.findall(r"\b\w+[:.]\w[\w.:]*\b|\b[a-z]+\d[\w.]*\b", nfkc)}
+    latin_in_cjk = {w.lower() for w in re.findall(r"[A-Za-z][A-Za-z0-9+#.-]*", nfkc)} if re.search(f"[{_CJK}]", nfkc) else set()
+    return caps | quoted | tech | latin_in_cjk
+
+
+def _has(tokens: set[str], text: str, word: str) -> bool:
+    return word in tokens if word.isascii() else word in text
+
+
+def _antonym_flip(q_tok: set[str], c_tok: set[str], q: str, c: str) -> float:
+    for a, b in ANTONYMS:
+        qa, qb, ca, cb = _has(q_tok, q, a), _has(q_tok, q, b), _has(c_tok, c, a), _has(c_tok, c, b)
+        if (qa and cb and not (qb or ca)) or (qb and ca and not (qa or cb)):
+            return 1.0
+    return 0.0
+
+
+def _order_inversion(q_content: list[str], c_content: list[str]) -> float:
+    """Share of shared-token pairs whose order differs: "A to B" vs "B to A", PAWS-style swaps."""
+    pos = {t: i for i, t in enumerate(c_content)}
+    seq = [pos[t] for t in dict.fromkeys(q_content) if t in pos]
+    pairs = [(i, j) for i in range(len(seq)) for j in range(i + 1, len(seq))]
+    return sum(seq[i] > seq[j] for i, j in pairs) / len(pairs) if pairs else 0.0
+
+
+def _direction_swap(q_tokens: list[str], c_tokens: list[str]) -> float:
+    """1 when the words around a direction marker ("to", "到", "比") trade places between the two questions."""
+    def sides(tokens: list[str]) -> set[tuple[str, str]]:
+        out = set()
+        for i, t in enumerate(tokens):
+            if t in DIRECTION_MARKERS and 0 < i < len(tokens) - 1:
+                out.add((tokens[i - 1], tokens[i + 1]))
+        return out
+    q_sides, c_sides = sides(q_tokens), sides(c_tokens)
+    return float(any((b, a) in c_sides and a != b for a, b in q_sides))
+
+
+@dataclass(slots=True)
+class Contrast:
+    """Feature vector of one (query, cached) pair, in FEATURES order, plus a readable reason for the first conflict."""
+
+    values: list[float]
+    reason: str | None
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(zip(FEATURES, self.values))
+
+
+def contrast(query: str, cached: str, cosine: float) -> Contrast:
+    """Align the two questions token by token and measure what differs."""
+    q_tokens, c_tokens = tokenize(query), tokenize(cached)
+    q_set, c_set = set(q_tokens), set(c_tokens)
+    q_norm, c_norm = normalize(query), normalize(cached)
+    q_content, c_content = _content(q_tokens), _content(c_tokens)
+    qc, cc = set(q_content), set(c_content)
+    union = qc | cc
+    q_un = len(qc - cc) / max(len(qc), 1)
+    c_un = len(cc - qc) / max(len(cc), 1)
+    q_neg = sum(t in NEGATIONS for t in q_tokens) + sum(q_norm.count(n) for n in NEGATIONS if not n.isascii())
+    c_neg = sum(t in NEGATIONS for t in c_tokens) + sum(c_norm.count(n) for n in NEGATIONS if not n.isascii())
+    numbers_differ = _numbers(query) != _numbers(cached)
+    q_ent, c_ent = _entities(query), _entities(cached)
+    q_temp, c_temp = bool(q_set & TEMPORAL or any(w in q_norm for w in TEMPORAL if not w.isascii())), \
+        bool(c_set & TEMPORAL or any(w in c_norm for w in TEMPORAL if not w.isascii()))
+    q_chars, c_chars = set(q_norm.replace(" ", "")), set(c_norm.replace(" ", ""))
+    values = {
+        "cosine": cosine,
+        "content_jaccard": len(qc & cc) / max(len(union), 1),
+        "query_unmatched": q_un,
+        "cached_unmatched": c_un,
+        "max_unmatched": max(q_un, c_un),
+        "number_mismatch": float(numbers_differ),
+        "negation_mismatch": float((q_neg % 2) != (c_neg % 2)),
+        "antonym_flip": _antonym_flip(q_set, c_set, q_norm, c_norm),
+        "direction_swap": _direction_swap(q_tokens, c_tokens),
+        "entity_mismatch": len(q_ent ^ c_ent) / max(len(q_ent | c_ent), 1),
+        "temporal_mismatch": float(q_temp != c_temp),
+        "order_inversion": _order_inversion(q_content, c_content),
+        "length_ratio": min(len(q_content), len(c_content)) / max(len(q_content), len(c_content), 1),
+        "char_jaccard": len(q_chars & c_chars) / max(len(q_chars | c_chars), 1),
+    }
+    reason = next((name for name in ("number_mismatch", "negation_mismatch", "antonym_flip", "direction_swap",
+                                     "temporal_mismatch") if values[name] > 0), None)
+    return Contrast([values[f] for f in FEATURES], reason)

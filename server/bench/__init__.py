@@ -1,0 +1,1 @@
+"""strata.server.bench: benchmarks runnable from the CLI."""

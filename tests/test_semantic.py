@@ -1,0 +1,133 @@
+"""Semantic cache unit tests: hash embedder (no model), faiss index behaviour, tiers, partitions, guard features."""
+import numpy as np
+import pytest
+
+from strata.cache.request.contrast import contrast
+from strata.cache.request.embedders import HashEmbedder, load_embedder
+from strata.cache.request.index import VectorIndex
+from strata.cache.request.semantic import SemanticCache, SemanticMatch, Thresholds
+
+
+def unit(rng, n, d):
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+class FixedVerifier:
+    """Verifier stand-in: P(same) is looked up by cached text."""
+
+    def __init__(self, probs):
+        self.probs = probs
+
+    def score(self, query, cached, cosine):
+        return self.probs.get(cached, 0.0)
+
+
+def test_hash_embedder_rows_are_unit_and_deterministic():
+    emb = load_embedder("hash")
+    x = emb.encode(["how do I sort a list", "如何对列表排序"])
+    assert x.shape == (2, emb.dim) and x.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(x, HashEmbedder().encode(["how do I sort a list", "如何对列表排序"]))
+
+
+def test_unknown_embedder_and_bad_input_are_clear_errors():
+    with pytest.raises(ValueError, match="unknown embedder"):
+        load_embedder("word2vec")
+    with pytest.raises(TypeError):
+        HashEmbedder().encode("not a list")
+    cache = SemanticCache(HashEmbedder(), Thresholds(0.9, 0.8))
+    with pytest.raises(ValueError):
+        cache.embed("   ")
+    with pytest.raises(ValueError, match="dim"):
+        cache.add("a", "q", "p", embedding=np.ones(3, np.float32))
+    with pytest.raises(ValueError):
+        Thresholds(serve=0.8, similar=0.9)
+
+
+@pytest.mark.parametrize("hnsw_min_size", [10_000, 50])
+def test_index_search_remove_and_hnsw_switch(hnsw_min_size):
+    rng = np.random.default_rng(0)
+    x = unit(rng, 200, 32)
+    index = VectorIndex(32, hnsw_min_size=hnsw_min_size)
+    for i, v in enumerate(x):
+        index.add(f"e{i}", v)
+    assert index.is_hnsw == (hnsw_min_size <= 200)
+    assert index.search(x[7], 1)[0][0] == "e7"
+    assert index.remove("e7") and not index.remove("e7")
+    assert "e7" not in [k for k, _ in index.search(x[7], 5)]
+    for i in range(100):  # past the compaction point: ids must stay right after the rebuild
+        index.remove(f"e{i}")
+    assert len(index) == 100
+    assert index.search(x[150], 1)[0][0] == "e150"
+    assert all(k not in {f"e{i}" for i in range(100)} for k, _ in index.search(x[3], 20))
+
+
+def test_lookup_tiers_and_partitions():
+    cache = SemanticCache(HashEmbedder(), Thresholds(serve=0.99, similar=0.5))
+    cache.add("e1", "how do I sort a list in python", "tenantA")
+    hit = cache.lookup("how do I sort a list in python", "tenantA")
+    assert hit == SemanticMatch("e1", pytest.approx(1.0, abs=1e-5), "serve", "how do I sort a list in python")
+    similar = cache.lookup("how do I sort a list in python quickly", "tenantA")
+    assert similar is not None and similar.tier == "similar" and 0.5 <= similar.similarity < 0.99
+    assert cache.lookup("how do I sort a list in python", "tenantB") is None
+    assert cache.lookup("what is the weather in Paris tomorrow", "tenantA") is None
+
+
+def test_verifier_picks_best_candidate_and_can_reject_all():
+    cache = SemanticCache(HashEmbedder(), Thresholds(serve=0.95, similar=0.3, verify_serve=0.9, verify_similar=0.5),
+                          FixedVerifier({"enable two factor auth": 0.1, "turn on two factor auth": 0.8}), top_k=3)
+    cache.add("neg", "enable two factor auth", "p")
+    cache.add("pos", "turn on two factor auth", "p")
+    hit = cache.lookup("enable two factor auth please", "p")
+    assert hit.entry_id == "pos" and hit.tier == "similar" and hit.verifier_p == 0.8
+    cache.verifier = FixedVerifier({})
+    assert cache.lookup("enable two factor auth please", "p") is None
+
+
+def test_remove_replace_and_similar_ids():
+    cache = SemanticCache(HashEmbedder(), Thresholds(0.99, 0.6))
+    cache.add("a", "reset my password", "p1")
+    cache.add("b", "reset my password", "p2")
+    assert sorted(cache.similar_ids("reset my password", 0.99)) == ["a", "b"]
+    assert cache.similar_ids("reset my password", 0.99, partition="p2") == ["b"]
+    cache.add("a", "book a flight to Rome", "p1")  # same id, new text: replaces
+    assert len(cache) == 2 and cache.lookup("reset my password", "p1") is None
+    cache.remove("b")
+    cache.remove("b")
+    assert len(cache) == 1 and cache.similar_ids("reset my password", 0.5) == []
+
+
+def test_embedding_is_computed_once():
+    calls = []
+
+    class Counting(HashEmbedder):
+        def encode(self, texts):
+            calls.append(texts)
+            return super().encode(texts)
+
+    cache = SemanticCache(Counting(), Thresholds(0.9, 0.8))
+    a = cache.embed("same text")
+    cache.add("x", "same text", "p")
+    cache.lookup("same text", "p")
+    assert len(calls) == 1 and not a.flags.writeable
+
+
+@pytest.mark.parametrize("query,cached,feature", [
+    ("how to enable 2FA on github", "how to disable 2FA on github", "antonym_flip"),
+    ("如何开通会员", "如何关闭会员", "antonym_flip"),
+    ("download TensorFlow 2.12 wheels", "download TensorFlow 2.13 wheels", "number_mismatch"),
+    ("convert USD to EUR", "convert EUR to USD", "direction_swap"),
+    ("is python slow", "is python not slow", "negation_mismatch"),
+    ("price of iphone 16 (latest)", "price of iphone 16 in 2023", "temporal_mismatch"),
+])
+def test_contrast_flags_what_cosine_misses(query, cached, feature):
+    assert contrast(query, cached, 0.95).as_dict()[feature] == 1.0
+    same = contrast(query, query, 0.95).as_dict()
+    assert same[feature] == 0.0 and same["content_jaccard"] == 1.0
+
+
+def test_contrast_paraphrase_has_no_conflict():
+    c = contrast("Capital of Canada", "What is the capital city of Canada?", 0.9)
+    assert c.reason is None and c.as_dict()["query_unmatched"] == 0.0
+    assert contrast("Capital of Canada", "Population of Canada", 0.9).as_dict()["max_unmatched"] == 0.5
