@@ -1,0 +1,44 @@
+"""One configuration object for the whole request cache (exact + semantic layers)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TEMPERATURE_RULES = ("seeded-exact", "exact", "bypass")
+
+
+@dataclass(slots=True)
+class RequestCacheConfig:
+    """Every request-cache knob in one place, so the server can build it from CLI flags or a file."""
+
+    # stores
+    db_path: str | None = None            # SQLite file (WAL); None = in-memory (nothing survives a restart)
+    max_entries: int = 50_000             # in-process exact layer bound, entries
+    max_bytes: int = 256 * 2**20          # in-process exact layer bound, bytes of stored text
+    # keys and policy
+    casefold: bool = False                # fold case in the exact key ("Paris" == "paris")
+    policy_rules: str | None = None       # JSON rules file; None = shipped data/policy_rules.json
+    ttl_jitter: float = 0.1               # TTL is multiplied by uniform(1 - j, 1 + j) against expiry avalanches
+    default_temperature: float = 1.0      # what an absent "temperature" means (the server should pass the effective one)
+    temperature_rule: str = "seeded-exact"  # temperature > 0: "seeded-exact" | "exact" | "bypass" (see policy.py)
+    # write-back, single-flight, penetration guard
+    write_queue_size: int = 1024          # background write queue; a full queue drops the write
+    follow_timeout_s: float = 120.0       # a follower waits this long for its leader, then computes itself
+    follow_similarity: float = 0.98       # a semantic miss this close to a pending request waits for it
+    negative_ttl_s: float = 2.0           # a failed computation is remembered this long (same request gets the error)
+    miss_window_s: float = 10.0           # penetration guard: window for near-identical misses from one client
+    miss_limit: int = 3                   # misses of one cluster per client and window before the guard marks it
+    # observability
+    review_size: int = 200                # ring of near-threshold semantic hits kept for human review
+    review_below: float = 0.985           # a semantic hit under this similarity goes to the review ring
+
+    def __post_init__(self) -> None:
+        if self.max_entries < 1 or self.max_bytes < 1:
+            raise ValueError("max_entries and max_bytes must be >= 1")
+        if not 0.0 <= self.ttl_jitter < 1.0:
+            raise ValueError(f"ttl_jitter must be in [0, 1), got {self.ttl_jitter}")
+        if self.temperature_rule not in TEMPERATURE_RULES:
+            raise ValueError(f"temperature_rule must be one of {TEMPERATURE_RULES}, got {self.temperature_rule!r}")
+        if self.write_queue_size < 1:
+            raise ValueError("write_queue_size must be >= 1")
+        if self.miss_limit < 1:
+            raise ValueError("miss_limit must be >= 1")

@@ -1,0 +1,109 @@
+"""Cache keys: normalized user text + system prompt + model + sorted sampling params + context + tenant."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import xxhash
+
+from strata.cache.request.normalize import normalize_text
+from strata.cache.request.request import CacheRequest
+from strata.cache.request.templating import template_request
+
+# Request fields that do not change the answer text, so they do not split the cache.
+_NOT_IN_KEY = frozenset({"stream", "stream_options", "user"})
+
+
+class NotCacheable(Exception):
+    """A request whose shape the cache cannot key (images, a tool turn): it is bypassed, not rejected."""
+
+
+@dataclass(slots=True)
+class RequestKey:
+    """Everything the layers need to find, share and write one request's answer."""
+
+    tenant: str
+    model: str
+    exact: str                 # entry id: key text + partition
+    flight: str                # single-flight identity: literal text + partition (two users' e-mails never share it)
+    partition: str             # tenant|model|system hash|context hash|sampling hash
+    text: str                  # key text: normalized user text, templated when personal; what the semantic layer indexes
+    query: str                 # normalized literal user text
+    conversation: str          # every user turn, normalized: what the policy reads
+    values: dict[str, str] = field(default_factory=dict)
+    personal: bool = False
+
+
+def _hash(text: str) -> str:
+    return xxhash.xxh3_64_hexdigest(text.encode())
+
+
+def _content(msg: dict) -> str:
+    content = msg.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise NotCacheable("non-text-content")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _canonical(value: object) -> object:
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    raise ValueError(f"sampling value of type {type(value).__name__} is not JSON data")
+
+
+def sampling_key(sampling: dict) -> str:
+    """Sorted canonical JSON of the params that change the answer: 0 == 0.0, stop "x" == ["x"], None dropped."""
+    params = {k: _canonical(v) for k, v in sampling.items() if v is not None and k not in _NOT_IN_KEY}
+    if isinstance(params.get("stop"), str):
+        params["stop"] = [params["stop"]]
+    return json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
+    """Key one request; raises NotCacheable for shapes the cache does not handle."""
+    *history, last = req.messages
+    if last["role"] != "user":
+        raise NotCacheable("not-a-user-turn")
+    query = normalize_text(_content(last))
+    if not query:
+        raise NotCacheable("empty-query")
+    system, context, user_turns = [], [], []
+    for msg in history:
+        text = normalize_text(_content(msg))
+        if msg["role"] in ("system", "developer"):
+            system.append(text)
+            continue
+        if msg["role"] == "user":
+            user_turns.append(text)
+        context.append({**msg, "content": text})
+    try:
+        context_json = json.dumps(context, sort_keys=True, ensure_ascii=False)
+    except TypeError as exc:
+        raise ValueError(f"messages are not JSON data: {exc}") from None
+    partition = "|".join((req.tenant, req.model, _hash("\n\x00".join(system)), _hash(context_json),
+                          _hash(sampling_key(req.sampling))))
+    templated = template_request(query)
+    fold = str.casefold if casefold else str
+    return RequestKey(
+        tenant=req.tenant,
+        model=req.model,
+        exact=xxhash.xxh3_128_hexdigest(f"{partition}\x00{fold(templated.text)}".encode()),
+        flight=xxhash.xxh3_128_hexdigest(f"{partition}\x00{fold(query)}".encode()),
+        partition=partition,
+        text=templated.text,
+        query=query,
+        conversation="\n".join([*user_turns, query]),
+        values=templated.values,
+        personal=templated.personal,
+    )

@@ -1,0 +1,54 @@
+"""What the server hands the request cache, and what a hit hands back."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODES = ("auto", "off", "exact-only", "refresh")
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def _check_name(what: str, value: object) -> None:
+    if not isinstance(value, str) or not value or "|" in value:
+        raise ValueError(f"{what} must be a non-empty str without '|', got {value!r}")
+
+
+@dataclass(slots=True)
+class CacheRequest:
+    """One chat request as the cache sees it; validated on creation so bad input fails with a clear ValueError."""
+
+    tenant: str                       # "default" when auth is off
+    model: str                        # model id + version: entries of another version never match
+    messages: list[dict]              # OpenAI chat messages
+    sampling: dict = field(default_factory=dict)  # only what changes the answer (temperature, top_p, max_tokens, stop, tools, seed, ...)
+    mode: str = "auto"                # "auto" | "off" | "exact-only" | "refresh"
+    no_cache: bool = False            # Cache-Control: no-cache -> skip lookup, still write
+    no_store: bool = False            # Cache-Control: no-store -> neither look up nor write
+    client_id: str | None = None      # for the penetration guard
+
+    def __post_init__(self) -> None:
+        _check_name("tenant", self.tenant)
+        _check_name("model", self.model)
+        if not isinstance(self.messages, list) or not self.messages:
+            raise ValueError("messages must be a non-empty list of chat messages")
+        for i, msg in enumerate(self.messages):
+            if not isinstance(msg, dict) or msg.get("role") not in ROLES:
+                raise ValueError(f"messages[{i}] must be a dict with a role in {sorted(ROLES)}")
+            if not isinstance(msg.get("content"), (str, list, type(None))):
+                raise ValueError(f"messages[{i}].content must be a str, a list of parts or None")
+        if not isinstance(self.sampling, dict):
+            raise ValueError("sampling must be a dict")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.client_id is not None and not isinstance(self.client_id, str):
+            raise ValueError("client_id must be a str or None")
+
+
+@dataclass(slots=True)
+class CacheHit:
+    """A served answer and where it came from, so the server can say so in headers."""
+
+    layer: str                        # "exact" | "semantic" | "semantic-similar"
+    text: str                         # templated answer already filled for this request
+    similarity: float | None          # 1.0 for exact
+    entry_id: str
+    age_s: float

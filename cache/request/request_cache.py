@@ -1,0 +1,434 @@
+"""RequestCache: the one facade the server uses (policy -> exact -> semantic -> single-flight -> write-back)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from strata.cache.request.config import RequestCacheConfig
+from strata.cache.request.exact import ExactCache
+from strata.cache.request.guard import MissGuard
+from strata.cache.request.keys import NotCacheable, RequestKey, build_key
+from strata.cache.request.normalize import normalize_text
+from strata.cache.request.pii import has_pii
+from strata.cache.request.policy import Decision, Policy
+from strata.cache.request.request import CacheHit, CacheRequest
+from strata.cache.request.single_flight import RELEASED, Flight, SingleFlight
+from strata.cache.request.stats import CacheStats
+from strata.cache.request.store import Entry, SQLiteStore, Store
+from strata.cache.request.templating import fill_answer, template_answer, template_request
+from strata.cache.request.write_back import WriteBack
+
+__all__ = ["CacheHit", "CacheRequest", "Lookup", "RequestCache", "RequestCacheConfig"]
+
+
+@dataclass(slots=True, eq=False)
+class Lookup:
+    """The outcome of one lookup. On a miss (or a no-cache bypass) the caller computes, then calls exactly one of
+    complete(text) or fail(exc); on a hit or a plain bypass both are harmless no-ops.
+    """
+
+    layer: str                        # "exact" | "semantic" | "semantic-similar" | "miss" | "bypass" | "negative"
+    reason: str                       # TTL class, bypass reason, "single-flight", "penetration-guard", ...
+    hit: CacheHit | None = None
+    error: Exception | None = None    # layer "negative": the same request failed moments ago
+    key: RequestKey | None = field(default=None, repr=False)
+    decision: Decision | None = field(default=None, repr=False)
+    write: bool = False               # complete() queues a write-back
+    cache: "RequestCache | None" = field(default=None, repr=False)
+    flight: Flight | None = field(default=None, repr=False)
+    done: bool = False
+
+    def complete(self, text: str, *, tags: tuple[str, ...] = ()) -> None:
+        """Hand the computed answer to waiting followers and to the background write (never blocks)."""
+        if not isinstance(text, str):
+            raise ValueError(f"complete() needs the answer text (str), got {type(text).__name__}")
+        self._finish()
+        if self.cache is not None:
+            self.cache._complete(self, text, tuple(tags))
+
+    def fail(self, exc: BaseException) -> None:
+        """Release followers with the error (a cancellation lets them compute themselves); remember the failure briefly."""
+        if not isinstance(exc, BaseException):
+            raise ValueError("fail() needs the exception that stopped the computation")
+        self._finish()
+        if self.cache is not None:
+            self.cache._fail(self, exc)
+
+    def _finish(self) -> None:
+        if self.done:
+            raise RuntimeError("complete()/fail() was already called for this lookup")
+        self.done = True
+
+
+@dataclass(slots=True)
+class _Write:
+    key: RequestKey
+    decision: Decision
+    answer: str
+    tags: tuple[str, ...]
+    generation: int
+
+
+class RequestCache:
+    """Exact + semantic response cache in front of any backend; it knows nothing of the engine.
+
+    semantic: a thread-safe SemanticCache (docs/request-cache-interfaces.md) or None for an exact-only cache;
+    add() of a known id replaces it.
+    clock and rng are injectable so TTL and jitter are testable without sleeping.
+    """
+
+    def __init__(self, config: RequestCacheConfig | None = None, *, semantic=None, store: Store | None = None,
+                 policy: Policy | None = None, clock: Callable[[], float] = time.time,
+                 rng: random.Random | None = None):
+        self.config = config = config or RequestCacheConfig()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.policy = policy or Policy.load(config.policy_rules, temperature_rule=config.temperature_rule,
+                                            default_temperature=config.default_temperature)
+        self.store = store if store is not None else SQLiteStore(config.db_path)
+        self.exact = ExactCache(self.store, config.max_entries, config.max_bytes, clock)
+        self.semantic = semantic
+        self.flights = SingleFlight()
+        self.guard = MissGuard(config.miss_window_s, config.miss_limit, config.negative_ttl_s, clock)
+        self._stats = CacheStats(config.review_size)
+        self.touched: dict[str, Entry] = {}       # hit counts not yet persisted
+        self.generation = 0                       # bumped by invalidate(): writes queued before it are dropped
+        self.closed = False
+        self._load()
+        self.writer = WriteBack(self._run_job, config.write_queue_size, idle=self._persist_hits)
+
+    # ---- lookup -------------------------------------------------------------------------------------------
+
+    async def lookup(self, req: CacheRequest) -> Lookup:
+        """Policy, exact layer, semantic layer, then single-flight; see Lookup for what the caller does next."""
+        if not isinstance(req, CacheRequest):
+            raise ValueError(f"lookup() needs a CacheRequest, got {type(req).__name__}")
+        try:
+            key = build_key(req, self.config.casefold)
+        except NotCacheable as exc:
+            self._stats.count(f"bypass.{exc}")
+            return Lookup("bypass", str(exc))
+        decision = self.policy.decide(req, key)
+        if decision.bypass:
+            self._stats.count(f"bypass.{decision.reason}")
+            return Lookup("bypass", decision.reason, key=key, decision=decision, write=decision.write,
+                          cache=self if decision.write else None)
+        error = self.guard.failure(key.flight)
+        if error is not None:
+            self._stats.count("negative.hit")
+            return Lookup("negative", "recent-failure", error=error, key=key, decision=decision)
+        while True:
+            if decision.lookup_exact:
+                hit = self._exact_hit(req, key, decision)
+                if hit is not None:
+                    return hit
+            flight, leader = self.flights.join(key)
+            if not leader:
+                outcome = await self._follow(flight, key, decision, similarity=None)
+                if outcome is not None:
+                    return outcome
+                continue
+            return await self._lead(req, key, decision, flight)
+
+    def _exact_hit(self, req: CacheRequest, key: RequestKey, decision: Decision) -> Lookup | None:
+        entry = self.exact.get(key.exact)
+        text = self._serve(entry, req, key) if entry is not None else None
+        if text is None:
+            self._stats.count("exact.miss")
+            return None
+        now = self._touch(entry)
+        age = max(0.0, now - entry.created_at)
+        self._stats.observe_hit("exact", 1.0, age)
+        return Lookup("exact", decision.reason, CacheHit("exact", text, 1.0, entry.entry_id, age), key=key,
+                      decision=decision)
+
+    async def _lead(self, req: CacheRequest, key: RequestKey, decision: Decision, flight: Flight) -> Lookup:
+        guarded = self.guard.marked(req.client_id, key)
+        if decision.lookup_semantic and self.semantic is not None and not guarded:
+            try:
+                found = await self._semantic_hit(req, key, decision, flight)
+            except BaseException as exc:
+                self.flights.finish(flight, RELEASED)
+                raise exc
+            if found is not None:
+                return found
+        self.guard.note_miss(req.client_id, key)
+        if guarded:
+            self._stats.count("guard.marked")
+        return Lookup("miss", "penetration-guard" if guarded else decision.reason, key=key, decision=decision,
+                      write=not guarded, cache=self, flight=flight)
+
+    async def _semantic_hit(self, req: CacheRequest, key: RequestKey, decision: Decision, flight: Flight) -> Lookup | None:
+        flight.embedding = await asyncio.to_thread(self.semantic.embed, key.text)
+        match = await asyncio.to_thread(self.semantic.lookup, key.text, key.partition, flight.embedding)
+        if match is not None:
+            entry = self.exact.get(match.entry_id)
+            text = self._serve(entry, req, key) if entry is not None else None
+            if text is None:
+                self._stats.count("semantic.rejected")
+            else:
+                layer = "semantic" if match.tier == "serve" else "semantic-similar"
+                now = self._touch(entry)
+                age = max(0.0, now - entry.created_at)
+                self._stats.observe_hit(layer, match.similarity, age)
+                if layer == "semantic-similar" or match.similarity < self.config.review_below:
+                    self._stats.near_threshold.append({
+                        "time": now, "tenant": req.tenant, "query": key.text, "cached": entry.text,
+                        "similarity": match.similarity, "tier": match.tier, "entry_id": entry.entry_id})
+                self.flights.finish(flight, text)
+                return Lookup(layer, decision.reason, CacheHit(layer, text, match.similarity, entry.entry_id, age),
+                              key=key, decision=decision)
+        self._stats.count("semantic.miss")
+        neighbour = self.flights.neighbour(flight, self.config.follow_similarity)
+        if neighbour is None:
+            return None
+        found = await self._follow(neighbour[0], key, decision, similarity=neighbour[1])
+        flight.following = False
+        if found is not None and found.hit is not None:
+            self.flights.finish(flight, found.hit.text)
+            return found
+        return None
+
+    async def _follow(self, flight: Flight, key: RequestKey, decision: Decision, similarity: float | None) -> Lookup | None:
+        """Await a leader. similarity None: same literal request, its answer is ours. Otherwise a semantic
+        neighbour: its answer serves only if it is not personal or re-templates onto this request."""
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(flight.future), self.config.follow_timeout_s)
+        except TimeoutError:
+            self._stats.count("single_flight.timeout")
+            return None if similarity is not None else \
+                Lookup("miss", "follow-timeout", key=key, decision=decision, write=True, cache=self)
+        except Exception as exc:
+            if similarity is not None:
+                return None
+            self._stats.count("single_flight.error")
+            return Lookup("negative", "leader-failed", error=exc, key=key, decision=decision)
+        if outcome is RELEASED:
+            return None
+        if similarity is None:
+            self._stats.count("single_flight.follower")
+            return Lookup("exact", "single-flight", CacheHit("exact", outcome, 1.0, key.exact, 0.0), key=key,
+                          decision=decision)
+        text = self._retemplate(outcome, flight.key, key)
+        if text is None:
+            return None
+        self._stats.count("single_flight.neighbour")
+        return Lookup("semantic", "single-flight", CacheHit("semantic", text, similarity, flight.key.exact, 0.0),
+                      key=key, decision=decision)
+
+    def _serve(self, entry: Entry, req: CacheRequest, key: RequestKey) -> str | None:
+        """The entry's answer filled for this request, or None when it must not serve it (tenant, partition, expiry)."""
+        if entry.tenant != req.tenant or entry.partition != key.partition or entry.expires_at <= self.clock():
+            return None
+        return fill_answer(entry.answer, key.values) if "\u27e6" in entry.answer else entry.answer
+
+    @staticmethod
+    def _retemplate(answer: str, source: RequestKey, target: RequestKey) -> str | None:
+        if not source.personal:
+            return None if target.personal or has_pii(answer) else answer
+        templated = template_answer(answer, source.values)
+        return None if templated is None else fill_answer(templated, target.values)
+
+    def _touch(self, entry: Entry) -> float:
+        now = self.clock()
+        entry.hits += 1
+        entry.last_hit = now
+        self.touched[entry.entry_id] = entry
+        return now
+
+    async def get_or_compute(self, req: CacheRequest, compute: Callable[[], Awaitable[str]]) -> tuple[str, Lookup]:
+        """Look up, compute on a miss (always releasing followers), and return (answer, lookup)."""
+        lookup = await self.lookup(req)
+        if lookup.hit is not None:
+            return lookup.hit.text, lookup
+        if lookup.error is not None:
+            raise lookup.error
+        try:
+            text = await compute()
+        except BaseException as exc:
+            lookup.fail(exc)
+            raise
+        lookup.complete(text)
+        return text, lookup
+
+    # ---- write path ---------------------------------------------------------------------------------------
+
+    def _complete(self, lookup: Lookup, text: str, tags: tuple[str, ...]) -> None:
+        if lookup.flight is not None:
+            self.flights.finish(lookup.flight, text)
+        if not lookup.write or self.closed:
+            return
+        job = _Write(lookup.key, lookup.decision, text, tags, self.generation)
+        if not self.writer.submit(job):
+            self._stats.count("write.dropped")
+
+    def _fail(self, lookup: Lookup, exc: BaseException) -> None:
+        if lookup.flight is not None:
+            self.flights.finish(lookup.flight, exc if isinstance(exc, Exception) else RELEASED)
+        if isinstance(exc, Exception) and lookup.key is not None:
+            self.guard.note_failure(lookup.key.flight, exc)
+
+    def _run_job(self, job: _Write) -> None:
+        self._write(job)
+
+    def _write(self, job: _Write) -> bool:
+        """PII filter, templating, TTL with jitter, embedding, store; runs on the writer thread (warm-up: inline)."""
+        skip = self._why_not_write(job)
+        if skip is None:
+            answer = template_answer(job.answer, job.key.values) if job.key.personal else job.answer
+            if answer is None:
+                skip = "untemplatable"
+        if skip is not None:
+            self._stats.count(f"write.skipped_{skip}")
+            return False
+        now = self.clock()
+        jitter = self.config.ttl_jitter
+        key = job.key
+        entry = Entry(key.exact, key.partition, key.tenant, key.model, key.text, answer, now,
+                      now + job.decision.ttl_s * self.rng.uniform(1 - jitter, 1 + jitter), job.decision.ttl_class,
+                      job.tags, semantic=self.semantic is not None and job.decision.write_semantic)
+        if entry.semantic:
+            entry.embedding = self.semantic.embed(key.text)
+        self.exact.put(entry)
+        if entry.semantic:
+            self.semantic.add(entry.entry_id, key.text, key.partition, entry.embedding)
+        self._stats.count("write.written")
+        return True
+
+    def _why_not_write(self, job: _Write) -> str | None:
+        if job.generation != self.generation:
+            return "invalidated"
+        if not job.answer.strip():
+            return "empty"
+        if not job.key.personal and ("\u27e6" in job.answer or has_pii(job.answer)):
+            return "pii"
+        return None
+
+    def _persist_hits(self) -> None:
+        touched, self.touched = self.touched, {}
+        for entry in touched.values():
+            self.store.touch(entry.entry_id, entry.hits, entry.last_hit)
+
+    # ---- maintenance --------------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        """Drop expired entries, then rebuild the semantic index from stored embeddings (re-embed on a mismatch)."""
+        self._remove(self.store.expired(self.clock()))
+        if self.semantic is None:
+            return
+        for entry in self.store.entries():
+            if not entry.semantic:
+                continue
+            try:
+                self.semantic.add(entry.entry_id, entry.text, entry.partition, entry.embedding)
+            except ValueError:      # stored embedding from another embedder: embed again
+                self.semantic.add(entry.entry_id, entry.text, entry.partition, None)
+
+    def _remove(self, entry_ids) -> int:
+        entry_ids = list(entry_ids)
+        self.exact.forget(entry_ids)
+        if self.semantic is not None:
+            for entry_id in entry_ids:
+                self.semantic.remove(entry_id)
+        return self.store.delete(entry_ids)
+
+    def invalidate(self, *, entry_id: str | None = None, tag: str | None = None, partition: str | None = None,
+                   model: str | None = None, similar_to: str | None = None, min_similarity: float = 0.9,
+                   tenant: str | None = None) -> int:
+        """Delete every entry matching all given filters; returns how many were deleted.
+
+        partition matches itself and every partition under it ("tenant|model" = one model version of one tenant).
+        similar_to needs the semantic layer. Writes still queued when this runs are dropped.
+        """
+        if all(v is None for v in (entry_id, tag, partition, model, similar_to, tenant)):
+            raise ValueError("invalidate() needs at least one of entry_id, tag, partition, model, similar_to, tenant")
+        candidates: set[str] | None = None
+        if any(v is not None for v in (tag, partition, model, tenant)):
+            candidates = set(self.store.ids(tag=tag, partition=partition, model=model, tenant=tenant))
+        if entry_id is not None:
+            candidates = {entry_id} if candidates is None else candidates & {entry_id}
+        if similar_to is not None:
+            if self.semantic is None:
+                raise ValueError("invalidate(similar_to=...) needs the semantic layer")
+            if not 0.0 < min_similarity <= 1.0:
+                raise ValueError(f"min_similarity must be in (0, 1], got {min_similarity}")
+            text = template_request(normalize_text(similar_to)).text
+            similar = set(self.semantic.similar_ids(text, min_similarity, None))
+            candidates = similar if candidates is None else candidates & similar
+        self.generation += 1
+        return self._remove(candidates)
+
+    def warmup(self, jsonl_path: str | Path, *, tenant: str = "default", model: str | None = None,
+               sampling: dict | None = None) -> int:
+        """Write FAQ answers from JSONL lines {"question", "answer", "tenant"?, "model"?, "tags"?, "ttl_class"?}.
+
+        Entries are keyed as a single-turn user question with `sampling` (default {"temperature": 0}); lines the
+        policy bypasses are skipped. Returns how many were written.
+        """
+        written = 0
+        path = Path(jsonl_path)
+        try:
+            lines = path.read_text("utf-8").splitlines()
+        except OSError as exc:
+            raise ValueError(f"cannot read warm-up file {path}: {exc}") from None
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+                    raise ValueError("needs string fields 'question' and 'answer'")
+                req = CacheRequest(row.get("tenant", tenant), row.get("model", model),
+                                   [{"role": "user", "content": row["question"]}],
+                                   dict(sampling if sampling is not None else {"temperature": 0.0}))
+                key = build_key(req, self.config.casefold)
+                decision = self.policy.decide(req, key)
+                if "ttl_class" in row:
+                    decision.ttl_class, decision.ttl_s = row["ttl_class"], self.policy.ttl_of(row["ttl_class"])
+                tags = row.get("tags", [])
+                if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+                    raise ValueError("'tags' must be a list of strings")
+            except (ValueError, NotCacheable) as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+            if decision.bypass:
+                self._stats.count(f"warmup.skipped_{decision.reason}")
+                continue
+            written += self._write(_Write(key, decision, row["answer"], tuple(tags), self.generation))
+        return written
+
+    # ---- observability and lifecycle ----------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Counters per layer (exact/semantic/bypass/single_flight/write/...), similarity and hit-age histograms, sizes."""
+        snap = self._stats.snapshot()
+        snap["entries"] = {"memory": len(self.exact), "store": len(self.store),
+                           "semantic": len(self.semantic) if self.semantic is not None else 0}
+        snap["write_queue"] = {"pending": self.writer.queue.qsize(), "errors": self.writer.errors}
+        return snap
+
+    def review(self, limit: int = 50) -> list[dict]:
+        """The latest near-threshold semantic hits (newest first), for a human to judge."""
+        if not isinstance(limit, int) or limit < 0:
+            raise ValueError("limit must be an int >= 0")
+        return list(reversed(self._stats.near_threshold))[:limit]
+
+    async def drain(self) -> None:
+        """Wait until every queued write is stored (tests, shutdown)."""
+        await asyncio.to_thread(self.writer.join)
+        await asyncio.to_thread(self._persist_hits)
+
+    def close(self) -> None:
+        """Finish queued writes, persist hit counts, close the store. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        self.writer.close()
+        self._persist_hits()
+        self.store.close()

@@ -1,0 +1,77 @@
+"""Single-flight: concurrent misses for one request, or for a pending semantic neighbour, wait for one computation."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from strata.cache.request.keys import RequestKey
+
+RELEASED = object()     # the leader gave up without an answer (cancelled): followers retry on their own
+
+
+@dataclass(slots=True, eq=False)
+class Flight:
+    """One computation in progress; followers await its future (text, RELEASED, or the leader's exception)."""
+
+    key: RequestKey
+    future: asyncio.Future = field(repr=False)
+    embedding: np.ndarray | None = field(default=None, repr=False)
+    followers: int = 0
+    following: bool = False     # its leader waits on another flight: nobody may wait on it in turn (no cycles)
+
+
+class SingleFlight:
+    """Pending computations by literal key, on one event loop."""
+
+    def __init__(self) -> None:
+        self.flights: dict[str, Flight] = {}
+
+    def join(self, key: RequestKey) -> tuple[Flight, bool]:
+        """The flight for key and whether the caller leads it (True: compute, then finish; False: await it)."""
+        flight = self.flights.get(key.flight)
+        if flight is not None:
+            flight.followers += 1
+            return flight, False
+        flight = self.flights[key.flight] = Flight(key, asyncio.get_running_loop().create_future())
+        return flight, True
+
+    def neighbour(self, flight: Flight, min_similarity: float) -> tuple[Flight, float] | None:
+        """The most similar other pending flight in the same partition at or above min_similarity, if any;
+        the caller's flight is then marked as following it."""
+        best: tuple[Flight, float] | None = None
+        for other in self.flights.values():
+            if other is flight or other.following or other.embedding is None or other.key.partition != flight.key.partition:
+                continue
+            similarity = float(np.dot(other.embedding, flight.embedding))
+            if similarity >= min_similarity and (best is None or similarity > best[1]):
+                best = (other, similarity)
+        if best is not None:
+            best[0].followers += 1
+            flight.following = True
+        return best
+
+    def finish(self, flight: Flight, outcome: object) -> None:
+        """Resolve a flight with a text, RELEASED, or an exception; safe to call from another thread."""
+        if self.flights.get(flight.key.flight) is flight:
+            del self.flights[flight.key.flight]
+
+        def resolve() -> None:
+            if flight.future.done():
+                return
+            if isinstance(outcome, BaseException):
+                flight.future.set_exception(outcome)
+                flight.future.exception()       # mark retrieved: a flight nobody followed must not log
+            else:
+                flight.future.set_result(outcome)
+
+        loop = flight.future.get_loop()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            resolve()
+        else:
+            loop.call_soon_threadsafe(resolve)

@@ -1,0 +1,96 @@
+"""Cacheability policy: bypass classes (EN + ZH), TTL classes, the temperature rule, request cache flags."""
+import json
+
+import pytest
+
+from strata.cache.request.keys import build_key
+from strata.cache.request.policy import Policy
+from strata.cache.request.request import CacheRequest
+
+
+def decide(policy, text, sampling=None, **flags):
+    r = CacheRequest("t", "m", [{"role": "user", "content": text}],
+                     {"temperature": 0} if sampling is None else sampling, **flags)
+    return policy.decide(r, build_key(r))
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return Policy.load()
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("What's the weather in Paris today?", "realtime"), ("北京今天天气怎么样", "realtime"),
+    ("What is Tesla's stock price?", "realtime"), ("比特币现在多少钱", "realtime"),
+    ("Transfer $200 to Alice", "money"), ("帮我转账给妈妈", "money"),
+    ("Is it legal to park here overnight?", "legal"), ("开车打电话违法吗", "legal"),
+    ("How do I reset my password?", "security"), ("我的验证码是多少", "security"),
+])
+def test_bypass_classes(policy, text, reason):
+    d = decide(policy, text)
+    assert d.bypass and not d.write and d.reason == reason
+
+
+@pytest.mark.parametrize("text, ttl_class, ttl_s", [
+    ("What is the status of the build?", "status", 300),
+    ("Explain how TCP congestion control works", "conceptual", 30 * 86400),
+    ("为什么天空是蓝色的", "conceptual", 30 * 86400),
+    ("What is the capital of Australia?", "factual", 7 * 86400),
+    ("澳大利亚的首都是哪里", "factual", 7 * 86400),
+    ("Write a haiku about autumn", "default", 3600),
+])
+def test_ttl_classes(policy, text, ttl_class, ttl_s):
+    d = decide(policy, text)
+    assert (d.lookup_exact, d.lookup_semantic, d.write) == (True, True, True)
+    assert (d.ttl_class, d.ttl_s, d.reason) == (ttl_class, ttl_s, ttl_class)
+
+
+def test_bypass_looks_at_the_whole_conversation(policy):
+    r = CacheRequest("t", "m", [{"role": "user", "content": "What's the weather in London today?"},
+                                {"role": "assistant", "content": "Sunny."},
+                                {"role": "user", "content": "And in Paris?"}], {"temperature": 0})
+    assert policy.decide(r, build_key(r)).reason == "realtime"
+
+
+def test_temperature_rules():
+    seeded = Policy.load()
+    d = decide(seeded, "Write a haiku", {"temperature": 0.7})
+    assert d.bypass and d.reason == "sampling"
+    d = decide(seeded, "Write a haiku", {"temperature": 0.7, "seed": 1})
+    assert (d.lookup_exact, d.lookup_semantic, d.write_semantic) == (True, False, False)
+    assert decide(seeded, "Write a haiku", {}).reason == "sampling"       # absent temperature = 1.0 by default
+    assert not decide(Policy.load(default_temperature=0.0), "Write a haiku", {}).bypass
+    assert decide(Policy.load(temperature_rule="bypass"), "Write", {"temperature": 0.5, "seed": 1}).bypass
+    d = decide(Policy.load(temperature_rule="exact"), "Write", {"temperature": 0.5})
+    assert d.lookup_exact and not d.lookup_semantic
+    assert decide(seeded, "Write", {"temperature": 0, "n": 2}).reason == "n>1"
+    with pytest.raises(ValueError, match="temperature"):
+        decide(seeded, "Write", {"temperature": "hot"})
+
+
+def test_request_flags(policy):
+    assert decide(policy, "Write a haiku", no_store=True).reason == "no-store"
+    assert decide(policy, "Write a haiku", mode="off").reason == "mode-off"
+    d = decide(policy, "Write a haiku", no_cache=True)
+    assert d.bypass and d.write and d.reason == "no-cache"
+    d = decide(policy, "Write a haiku", mode="refresh")
+    assert d.bypass and d.write and d.reason == "refresh"
+    d = decide(policy, "Write a haiku", mode="exact-only")
+    assert d.lookup_exact and not d.lookup_semantic
+
+
+def test_custom_rules_file(tmp_path):
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps({"bypass": {"pets": ["\\bcat\\b", "猫"]}, "default": {"name": "d", "ttl_s": 60}}))
+    p = Policy.load(path)
+    assert decide(p, "Is my cat hungry").reason == "pets"
+    assert decide(p, "Weather today?").ttl_s == 60
+    for bad in ({"bypass": {}}, {"bypass": {"x": ["("]}}, {"bypass": {"x": ["a"]}, "ttl_classes": [{"name": "s"}]}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(ValueError):
+            Policy.load(path)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read"):
+        Policy.load(path)
+    with pytest.raises(ValueError, match="unknown ttl_class"):
+        p.ttl_of("weekly")
