@@ -475,3 +475,44 @@ def test_no_cache_skips_lookup_but_writes_and_no_store_does_neither():
     with pytest.raises(ValueError):
         run(cache.lookup("not a request"))
     cache.close()
+
+
+def test_broken_semantic_layer_degrades_to_exact_only():
+    semantic = FakeSemantic()
+    semantic.lookup = lambda *a: (_ for _ in ()).throw(RuntimeError("index corrupt"))
+    cache = make(semantic=semantic)
+
+    async def go():
+        _, miss, _ = await answer(cache, chat("Explain garbage collection"), "Mark and sweep.")
+        return miss, await cache.lookup(chat("Explain garbage collection"))
+
+    miss, hit = run(go())
+    assert miss.layer == "miss" and hit.layer == "exact"
+    assert cache.stats()["counters"]["semantic"]["error"] == 1
+    cache.close()
+
+
+def test_with_the_real_semantic_cache(tmp_path):
+    semantic_mod = pytest.importorskip("strata.cache.request.semantic")
+    from strata.cache.request.embedders import HashEmbedder
+
+    def semantic():
+        return semantic_mod.SemanticCache(HashEmbedder(), semantic_mod.Thresholds(serve=0.97, similar=0.85))
+
+    clock = Clock()
+    cache = make(tmp_path, semantic=semantic(), clock=clock)
+    run(answer(cache, chat("How do I sort a list in Python?", tenant="acme"), "Use sorted(xs)."))
+    cache.close()
+    reopened = make(tmp_path, semantic=semantic(), clock=clock)
+
+    async def go():
+        near = await reopened.lookup(chat("how do i sort a list in python", tenant="acme"))
+        other = await reopened.lookup(chat("How do I sort a list in Python?", tenant="globex"))
+        other.fail(RuntimeError("not computed"))
+        return near, other
+
+    near, other = run(go())
+    assert len(reopened.semantic) == 1
+    assert near.layer in ("semantic", "semantic-similar") and near.hit.text == "Use sorted(xs)."
+    assert other.hit is None
+    reopened.close()

@@ -85,7 +85,9 @@ def test_custom_rules_file(tmp_path):
     p = Policy.load(path)
     assert decide(p, "Is my cat hungry").reason == "pets"
     assert decide(p, "Weather today?").ttl_s == 60
-    for bad in ({"bypass": {}}, {"bypass": {"x": ["("]}}, {"bypass": {"x": ["a"]}, "ttl_classes": [{"name": "s"}]}):
+    assert decide(p, "Is my CAT hungry").reason == "pets"
+    for bad in ({"bypass": {}}, {"bypass": {"x": ["("]}}, {"bypass": {"x": ["a"]}, "ttl_classes": [{"name": "s"}]},
+                {"bypass": {"x": ["Cat"]}}):
         path.write_text(json.dumps(bad))
         with pytest.raises(ValueError):
             Policy.load(path)

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+
+from cachetools import LRUCache, cached
 
 from strata.cache.request.keys import RequestKey
 from strata.cache.request.request import CacheRequest
@@ -29,10 +32,14 @@ class Decision:
 
 
 def _compile(what: str, patterns: object) -> re.Pattern[str]:
+    """One alternation per class, matched against case-folded text (about twice as fast as re.IGNORECASE)."""
     if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) for p in patterns):
         raise ValueError(f"policy rules: {what} must be a non-empty list of regex strings")
+    for p in patterns:
+        if re.sub(r"\\.", "", p) != re.sub(r"\\.", "", p).casefold():
+            raise ValueError(f"policy rules: {what}: write patterns in lower case (text is case-folded): {p!r}")
     try:
-        return re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE)
+        return re.compile("|".join(f"(?:{p})" for p in patterns))
     except re.error as exc:
         raise ValueError(f"policy rules: bad regex in {what}: {exc}") from None
 
@@ -64,6 +71,9 @@ class Policy:
         self.ttls = {name: ttl for name, ttl, _ in self.ttl_rules} | {self.default[0]: self.default[1]}
         self.temperature_rule = temperature_rule
         self.default_temperature = default_temperature
+        # the rules are pure functions of the text: memoize them, a hot question is classified once
+        self.bypass_reason = cached(LRUCache(8192), lock=threading.Lock())(self.bypass_reason)
+        self.ttl_class = cached(LRUCache(8192), lock=threading.Lock())(self.ttl_class)
 
     @classmethod
     def load(cls, path: str | Path | None = None, **kwargs) -> "Policy":
@@ -78,10 +88,12 @@ class Policy:
 
     def bypass_reason(self, text: str) -> str | None:
         """The first bypass class whose rules match text (real-time, money, legal, security, ...), else None."""
+        text = text.casefold()
         return next((name for name, rx in self.bypass_rules if rx.search(text)), None)
 
     def ttl_class(self, text: str) -> tuple[str, float]:
         """(class, ttl seconds) for a cacheable question: status 5 min, conceptual 30 d, factual 7 d, default 1 h."""
+        text = text.casefold()
         return next(((name, ttl) for name, ttl, rx in self.ttl_rules if rx.search(text)), self.default)
 
     def ttl_of(self, name: str) -> float:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from strata.cache.request.stats import CacheStats
 from strata.cache.request.store import Entry, SQLiteStore, Store
 from strata.cache.request.templating import fill_answer, template_answer, template_request
 from strata.cache.request.write_back import WriteBack
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CacheHit", "CacheRequest", "Lookup", "RequestCache", "RequestCacheConfig"]
 
@@ -154,9 +157,13 @@ class RequestCache:
         if decision.lookup_semantic and self.semantic is not None and not guarded:
             try:
                 found = await self._semantic_hit(req, key, decision, flight)
-            except BaseException as exc:
+            except asyncio.CancelledError:
                 self.flights.finish(flight, RELEASED)
-                raise exc
+                raise
+            except Exception:               # a broken semantic layer degrades to exact-only, never fails the request
+                log.exception("semantic lookup failed")
+                self._stats.count("semantic.error")
+                found = None
             if found is not None:
                 return found
         self.guard.note_miss(req.client_id, key)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from strata.cache.request.pii import PII_KINDS, find_entities
 
@@ -20,10 +21,12 @@ class Templated:
     personal: bool = False                                  # the request carried PII
 
 
+@lru_cache(maxsize=8192)
 def template_request(text: str) -> Templated:
     """Cut the entities out of a request that carries PII; a request without PII keeps its literal text.
 
     Only personal requests are templated: a non-personal one is cached literally, which is always safe.
+    Memoized (a hot question is scanned once), so the result is shared: never mutate it.
     """
     entities = find_entities(text)
     if not any(e.kind in PII_KINDS for e in entities) or _OPEN in text:
