@@ -516,3 +516,25 @@ def test_with_the_real_semantic_cache(tmp_path):
     assert near.layer in ("semantic", "semantic-similar") and near.hit.text == "Use sorted(xs)."
     assert other.hit is None
     reopened.close()
+
+
+def test_a_dropped_or_hung_leader_does_not_block_the_next_request():
+    cache = make(follow_timeout_s=0.05)
+
+    async def go():
+        lookup = await cache.lookup(chat("Explain bubble sort"))
+        assert lookup.layer == "miss"
+        del lookup                                            # the caller forgot complete()/fail()
+        again = await cache.lookup(chat("Explain bubble sort"))
+        assert again.layer == "miss"                          # leads at once instead of waiting for a ghost
+        hung = again                                          # now a leader that never answers
+        follower = await cache.lookup(chat("Explain bubble sort"))
+        assert follower.layer == "miss"                       # gave up after follow_timeout_s and leads itself
+        follower.complete("Swap neighbours until sorted.")
+        hung.fail(RuntimeError("late"))                       # a late failure does not hide the stored answer
+        await cache.drain()
+        return await cache.lookup(chat("Explain bubble sort"))
+
+    assert run(go()).hit.text == "Swap neighbours until sorted."
+    assert cache.stats()["counters"]["single_flight"]["timeout"] == 1
+    cache.close()

@@ -47,3 +47,7 @@ class MissGuard:
     def failure(self, flight_key: str) -> Exception | None:
         """The recent failure of this exact request, if any."""
         return self.failures.get(flight_key)
+
+    def forget_failure(self, flight_key: str) -> None:
+        """A success clears the failure mark."""
+        self.failures.pop(flight_key, None)

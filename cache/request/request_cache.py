@@ -69,6 +69,11 @@ class Lookup:
             raise RuntimeError("complete()/fail() was already called for this lookup")
         self.done = True
 
+    def __del__(self) -> None:
+        # a miss dropped without complete()/fail() (a bug, a disconnect) must not hold its followers hostage
+        if not self.done and self.flight is not None and self.cache is not None:
+            self.cache.flights.finish(self.flight, RELEASED)
+
 
 @dataclass(slots=True)
 class _Write:
@@ -123,15 +128,15 @@ class RequestCache:
             self._stats.count(f"bypass.{decision.reason}")
             return Lookup("bypass", decision.reason, key=key, decision=decision, write=decision.write,
                           cache=self if decision.write else None)
-        error = self.guard.failure(key.flight)
-        if error is not None:
-            self._stats.count("negative.hit")
-            return Lookup("negative", "recent-failure", error=error, key=key, decision=decision)
         while True:
             if decision.lookup_exact:
                 hit = self._exact_hit(req, key, decision)
                 if hit is not None:
                     return hit
+            error = self.guard.failure(key.flight)
+            if error is not None:
+                self._stats.count("negative.hit")
+                return Lookup("negative", "recent-failure", error=error, key=key, decision=decision)
             flight, leader = self.flights.join(key)
             if not leader:
                 outcome = await self._follow(flight, key, decision, similarity=None)
@@ -208,10 +213,10 @@ class RequestCache:
         neighbour: its answer serves only if it is not personal or re-templates onto this request."""
         try:
             outcome = await asyncio.wait_for(asyncio.shield(flight.future), self.config.follow_timeout_s)
-        except TimeoutError:
+        except TimeoutError:                # the leader hangs: drop its flight so the next request leads afresh
             self._stats.count("single_flight.timeout")
-            return None if similarity is not None else \
-                Lookup("miss", "follow-timeout", key=key, decision=decision, write=True, cache=self)
+            self.flights.finish(flight, RELEASED)
+            return None
         except Exception as exc:
             if similarity is not None:
                 return None
@@ -270,6 +275,7 @@ class RequestCache:
     def _complete(self, lookup: Lookup, text: str, tags: tuple[str, ...]) -> None:
         if lookup.flight is not None:
             self.flights.finish(lookup.flight, text)
+        self.guard.forget_failure(lookup.key.flight)
         if not lookup.write or self.closed:
             return
         job = _Write(lookup.key, lookup.decision, text, tags, self.generation)

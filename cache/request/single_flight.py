@@ -30,11 +30,12 @@ class SingleFlight:
 
     def join(self, key: RequestKey) -> tuple[Flight, bool]:
         """The flight for key and whether the caller leads it (True: compute, then finish; False: await it)."""
+        loop = asyncio.get_running_loop()
         flight = self.flights.get(key.flight)
-        if flight is not None:
+        if flight is not None and flight.future.get_loop() is loop:
             flight.followers += 1
             return flight, False
-        flight = self.flights[key.flight] = Flight(key, asyncio.get_running_loop().create_future())
+        flight = self.flights[key.flight] = Flight(key, loop.create_future())
         return flight, True
 
     def neighbour(self, flight: Flight, min_similarity: float) -> tuple[Flight, float] | None:
@@ -73,5 +74,5 @@ class SingleFlight:
             running = None
         if running is loop:
             resolve()
-        else:
+        elif not loop.is_closed():
             loop.call_soon_threadsafe(resolve)
