@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# GPU check (< 8 min on an H200): the Triton kernel tests on CUDA, then decode tok/s of our engine vs HF
+# transformers on dummy Llama-3.2-1B / Llama-3.1-8B shapes, as a fraction of the memory-bandwidth floor.
+# Writes $OUT/gpu_kernel_tests.xml and $OUT/gpu_check.json (OUT defaults to benchmarks/results).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-benchmarks/results}"
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+mkdir -p "$OUT"
+export TRITON_INTERPRET=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false  # compiled Triton, never the interpreter
+
+"$PYTHON" - <<'PY' || exit 2
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit(f"gpu_check: no CUDA device visible to torch {torch.__version__} (built for CUDA {torch.version.cuda}); "
+             "run this on an NVIDIA GPU with a CUDA build of torch (see Dockerfile.gpu)")
+import triton
+print(f"gpu_check: {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+PY
+
+timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py --junitxml "$OUT/gpu_kernel_tests.xml"
+tests_rc=$?
+timeout 280 "$PYTHON" benchmarks/gpu_check.py --out "$OUT" --budget-s 220
+bench_rc=$?
+echo "gpu_check: kernel tests rc=$tests_rc, benchmark rc=$bench_rc (124 = hit its time limit); results in $OUT"
+[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
