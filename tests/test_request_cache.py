@@ -538,3 +538,55 @@ def test_a_dropped_or_hung_leader_does_not_block_the_next_request():
     assert run(go()).hit.text == "Swap neighbours until sorted."
     assert cache.stats()["counters"]["single_flight"]["timeout"] == 1
     cache.close()
+
+
+def test_memory_layer_is_bounded_but_the_store_keeps_everything():
+    cache = make(max_entries=2)
+
+    async def go():
+        for i in range(5):
+            await answer(cache, chat(f"Write limerick number {i}"), f"limerick {i}")
+        assert len(cache.exact) == 2 and len(cache.store) == 5
+        first = await cache.lookup(chat("Write limerick number 0"))        # evicted from memory, served from the store
+        assert first.hit.text == "limerick 0"
+
+    run(go())
+    cache.close()
+    tiny = make(max_bytes=1000)
+    run(answer(tiny, chat("Write a long essay"), "x" * 5000))
+    assert len(tiny.exact) == 0 and run(tiny.lookup(chat("Write a long essay"))).hit.text == "x" * 5000
+    tiny.close()
+
+
+def test_single_flight_never_joins_across_tenants():
+    cache = make()
+    calls = []
+
+    async def compute():
+        calls.append(1)
+        mine = len(calls)
+        await asyncio.sleep(0.02)
+        return f"answer {mine}"
+
+    async def go():
+        return await asyncio.gather(cache.get_or_compute(chat("Explain shellsort", tenant="a"), compute),
+                                    cache.get_or_compute(chat("Explain shellsort", tenant="b"), compute))
+
+    (ta, la), (tb, lb) = run(go())
+    assert len(calls) == 2 and ta != tb and la.layer == lb.layer == "miss"
+    cache.close()
+
+
+def test_tags_are_validated_and_usable_for_invalidation():
+    cache = make()
+
+    async def go():
+        lookup = await cache.lookup(chat("Explain TLS"))
+        with pytest.raises(ValueError, match="tags"):
+            lookup.complete("x", tags="security")
+        lookup.complete("Handshake, then symmetric keys.", tags=("docs", "tls"))
+        await cache.drain()
+
+    run(go())
+    assert cache.invalidate(tag="tls") == 1
+    cache.close()

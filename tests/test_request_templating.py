@@ -1,5 +1,6 @@
 """PII detection and templating: personal values become placeholders only when that is provably a copy."""
 import pytest
+from hypothesis import given, strategies as st
 
 from strata.cache.request.pii import find_entities, has_pii
 from strata.cache.request.templating import fill_answer, template_answer, template_request
@@ -56,3 +57,15 @@ def test_non_personal_requests_stay_literal_and_fill_needs_every_value():
     assert template_request("Tell me about Paris on May 3").values == {}
     assert fill_answer("Hi \u27e6EMAIL_1\u27e7", {}) is None
     assert fill_answer("no placeholders", {}) == "no placeholders"
+
+
+_user = st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=12)
+
+
+@given(a=_user, b=_user, domain=st.sampled_from(["example.com", "mail.cn", "corp.io"]))
+def test_template_then_fill_round_trips_for_any_address(a, b, domain):
+    first, second = f"{a}@{domain}", f"{b}x@{domain}"
+    stored = template_answer(f"Hello {first}, welcome!", template_request(f"Greet {first}").values)
+    assert stored == "Hello \u27e6EMAIL_1\u27e7, welcome!"
+    assert fill_answer(stored, template_request(f"Greet {first}").values) == f"Hello {first}, welcome!"
+    assert fill_answer(stored, template_request(f"Greet {second}").values) == f"Hello {second}, welcome!"

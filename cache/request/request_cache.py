@@ -52,6 +52,8 @@ class Lookup:
         """Hand the computed answer to waiting followers and to the background write (never blocks)."""
         if not isinstance(text, str):
             raise ValueError(f"complete() needs the answer text (str), got {type(text).__name__}")
+        if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
+            raise ValueError("tags must be a list or tuple of str")
         self._finish()
         if self.cache is not None:
             self.cache._complete(self, text, tuple(tags))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import threading
 from collections import Counter, deque
 
 SIMILARITY_BOUNDS = (0.80, 0.85, 0.90, 0.92, 0.94, 0.96, 0.97, 0.98, 0.99, 1.0)
@@ -32,19 +33,24 @@ class CacheStats:
         self.similarity = Histogram(SIMILARITY_BOUNDS)
         self.hit_age = Histogram(AGE_BOUNDS_S)
         self.near_threshold: deque[dict] = deque(maxlen=review_size)
+        self.lock = threading.Lock()        # the event loop and the write-back thread both count
 
     def count(self, name: str, n: int = 1) -> None:
-        self.counts[name] += n
+        with self.lock:
+            self.counts[name] += n
 
     def observe_hit(self, layer: str, similarity: float, age_s: float) -> None:
         """One served hit: its layer, similarity and age."""
-        self.counts[f"{layer}.hit"] += 1
-        self.similarity.observe(similarity)
-        self.hit_age.observe(age_s)
+        with self.lock:
+            self.counts[f"{layer}.hit"] += 1
+            self.similarity.observe(similarity)
+            self.hit_age.observe(age_s)
 
     def snapshot(self) -> dict:
         layers: dict[str, dict[str, int]] = {}
-        for name, n in sorted(self.counts.items()):
+        with self.lock:
+            counts = sorted(self.counts.items())
+        for name, n in counts:
             layer, _, outcome = name.partition(".")
             layers.setdefault(layer, {})[outcome] = n
         return {"counters": layers, "similarity": self.similarity.snapshot(), "hit_age_s": self.hit_age.snapshot()}
