@@ -590,3 +590,19 @@ def test_tags_are_validated_and_usable_for_invalidation():
     run(go())
     assert cache.invalidate(tag="tls") == 1
     cache.close()
+
+
+def test_followers_of_a_semantic_hit_keep_its_layer():
+    semantic = FakeSemantic()
+    cache = make(semantic=semantic)
+    run(answer(cache, chat("Explain how binary search works on arrays"), "Halve the range each step."))
+
+    async def go():
+        return await asyncio.gather(*[cache.lookup(chat("Explain how binary search works on sorted arrays"))
+                                      for _ in range(3)])
+
+    lookups = run(go())
+    assert {lk.layer for lk in lookups} == {"semantic-similar"}
+    assert sorted(lk.reason for lk in lookups) == ["conceptual", "single-flight", "single-flight"]
+    assert {lk.hit.text for lk in lookups} == {"Halve the range each step."}
+    cache.close()

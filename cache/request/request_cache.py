@@ -196,6 +196,7 @@ class RequestCache:
                     self._stats.near_threshold.append({
                         "time": now, "tenant": req.tenant, "query": key.text, "cached": entry.text,
                         "similarity": match.similarity, "tier": match.tier, "entry_id": entry.entry_id})
+                flight.layer, flight.similarity = layer, match.similarity
                 self.flights.finish(flight, text)
                 return Lookup(layer, decision.reason, CacheHit(layer, text, match.similarity, entry.entry_id, age),
                               key=key, decision=decision)
@@ -206,6 +207,7 @@ class RequestCache:
         found = await self._follow(neighbour[0], key, decision, similarity=neighbour[1])
         flight.following = False
         if found is not None and found.hit is not None:
+            flight.layer, flight.similarity = found.hit.layer, found.hit.similarity
             self.flights.finish(flight, found.hit.text)
             return found
         return None
@@ -226,10 +228,10 @@ class RequestCache:
             return Lookup("negative", "leader-failed", error=exc, key=key, decision=decision)
         if outcome is RELEASED:
             return None
-        if similarity is None:
+        if similarity is None:              # same literal request: the leader's answer, labelled as it was served
             self._stats.count("single_flight.follower")
-            return Lookup("exact", "single-flight", CacheHit("exact", outcome, 1.0, key.exact, 0.0), key=key,
-                          decision=decision)
+            return Lookup(flight.layer, "single-flight", CacheHit(flight.layer, outcome, flight.similarity, key.exact, 0.0),
+                          key=key, decision=decision)
         text = self._retemplate(outcome, flight.key, key)
         if text is None:
             return None

@@ -20,6 +20,8 @@ class Flight:
     embedding: np.ndarray | None = field(default=None, repr=False)
     followers: int = 0
     following: bool = False     # its leader waits on another flight: nobody may wait on it in turn (no cycles)
+    layer: str = "exact"        # how the leader got its answer, passed on to its followers
+    similarity: float = 1.0
 
 
 class SingleFlight:
