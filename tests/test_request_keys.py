@@ -30,6 +30,12 @@ def test_normalize_is_idempotent(text):
     assert normalize_text(once, casefold=True) == once
 
 
+@given(st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=40))
+def test_full_width_and_extra_spaces_share_the_key(text):
+    full_width = "".join(chr(ord(c) + 0xFEE0) for c in text)      # U+FF01..U+FF5E
+    assert build_key(req(text)).exact == build_key(req(f"  {full_width} \r\n")).exact
+
+
 def test_same_question_typed_differently_shares_key():
     a = build_key(req("What is the capital of France?"))
     b = build_key(req("  What is the capital\tof France？ "))   # full-width question mark, extra spaces

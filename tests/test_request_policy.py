@@ -21,7 +21,7 @@ def policy():
 
 @pytest.mark.parametrize("text, reason", [
     ("What's the weather in Paris today?", "realtime"), ("北京今天天气怎么样", "realtime"),
-    ("What is Tesla's stock price?", "realtime"), ("比特币现在多少钱", "realtime"),
+    ("What is Tesla's stock price?", "realtime"), ("Who is the current president of France?", "realtime"), ("比特币现在多少钱", "realtime"),
     ("Transfer $200 to Alice", "money"), ("帮我转账给妈妈", "money"),
     ("Is it legal to park here overnight?", "legal"), ("开车打电话违法吗", "legal"),
     ("How do I reset my password?", "security"), ("我的验证码是多少", "security"),
