@@ -92,5 +92,6 @@ if __name__ == "__main__":
     results = asyncio.run(main(args.n))
     print(json.dumps({"benchmark": "request_cache_latency", "note": args.note,
                       "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                                  "python": platform.python_version(), "platform": platform.platform()},
+                                  "python": platform.python_version(), "platform": platform.platform(),
+                                  "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
                       "semantic": "off (exact layer only)", "results": results}, indent=2))
