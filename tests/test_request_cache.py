@@ -606,3 +606,10 @@ def test_followers_of_a_semantic_hit_keep_its_layer():
     assert sorted(lk.reason for lk in lookups) == ["conceptual", "single-flight", "single-flight"]
     assert {lk.hit.text for lk in lookups} == {"Halve the range each step."}
     cache.close()
+
+
+@pytest.mark.parametrize("bad", [dict(max_entries=0), dict(ttl_jitter=1.5), dict(temperature_rule="maybe"),
+                                 dict(write_queue_size=0), dict(miss_limit=0)])
+def test_bad_config_is_a_value_error(bad):
+    with pytest.raises(ValueError):
+        RequestCacheConfig(**bad)

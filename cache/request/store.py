@@ -5,6 +5,7 @@ import json
 import sqlite3
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator, Protocol
 
 import numpy as np
@@ -77,11 +78,13 @@ class SQLiteStore:
     def __init__(self, path: str | None = None):
         self.path = path or ":memory:"
         try:
+            if path:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
+        except (OSError, sqlite3.DatabaseError) as exc:
             raise ValueError(f"cannot open request-cache store {self.path}: {exc}") from None
         self.lock = threading.Lock()
 
