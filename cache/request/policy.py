@@ -28,6 +28,7 @@ class Decision:
 
     @property
     def bypass(self) -> bool:
+        """Neither layer is looked up (a no-cache request may still be written)."""
         return not (self.lookup_exact or self.lookup_semantic)
 
 

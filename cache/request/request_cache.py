@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
-import numpy as np
 
 from strata.cache.request.config import RequestCacheConfig
 from strata.cache.request.exact import ExactCache
@@ -112,7 +111,7 @@ class RequestCache:
         self.generation = 0                       # bumped by invalidate(): writes queued before it are dropped
         self.closed = False
         self._load()
-        self.writer = WriteBack(self._run_job, config.write_queue_size, idle=self._persist_hits)
+        self.writer = WriteBack(self._write, config.write_queue_size, idle=self._persist_hits)
 
     # ---- lookup -------------------------------------------------------------------------------------------
 
@@ -291,9 +290,6 @@ class RequestCache:
             self.flights.finish(lookup.flight, exc if isinstance(exc, Exception) else RELEASED)
         if isinstance(exc, Exception) and lookup.key is not None:
             self.guard.note_failure(lookup.key.flight, exc)
-
-    def _run_job(self, job: _Write) -> None:
-        self._write(job)
 
     def _write(self, job: _Write) -> bool:
         """PII filter, templating, TTL with jitter, embedding, store; runs on the writer thread (warm-up: inline)."""

@@ -18,10 +18,12 @@ class Histogram:
         self.total = 0.0
 
     def observe(self, value: float) -> None:
+        """Count one value in its bucket."""
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.total += value
 
     def snapshot(self) -> dict:
+        """Plain data for /metrics and tests."""
         return {"le": [*self.bounds, "+Inf"], "counts": list(self.counts), "count": sum(self.counts), "sum": self.total}
 
 
@@ -36,6 +38,7 @@ class CacheStats:
         self.lock = threading.Lock()        # the event loop and the write-back thread both count
 
     def count(self, name: str, n: int = 1) -> None:
+        """Add n to the counter "layer.outcome"."""
         with self.lock:
             self.counts[name] += n
 
@@ -47,6 +50,7 @@ class CacheStats:
             self.hit_age.observe(age_s)
 
     def snapshot(self) -> dict:
+        """Counters nested as {layer: {outcome: n}} plus both histograms."""
         layers: dict[str, dict[str, int]] = {}
         with self.lock:
             counts = sorted(self.counts.items())

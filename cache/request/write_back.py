@@ -32,6 +32,7 @@ class WriteBack:
             return False
 
     def run(self) -> None:
+        """Worker loop: one job at a time until close()."""
         while True:
             job = self.queue.get()
             try:
