@@ -107,7 +107,8 @@ def measure_hf(model, prompts: list[list[int]], new_tokens: int, bandwidth: floa
     floor_s = sum(weights + batch * (prompt_len + i - 1) * kv_per_token for i in range(3, new_tokens + 1)) / bandwidth
     elapsed = clock.times[-1] - clock.times[1]
     tokens = batch * (new_tokens - 2)
-    return {"decode_tok_s": tokens / elapsed, "timed_steps": new_tokens - 2, "step_ms": 1e3 * elapsed / (new_tokens - 2),
+    return {"decode_tok_s": tokens / elapsed, "timed_steps": new_tokens - 2,
+            "step_ms": 1e3 * elapsed / (new_tokens - 2),
             "floor_tok_s": tokens / floor_s, "fraction_of_floor": floor_s / elapsed,
             "weight_bytes": weights, "kv_bytes_per_token": kv_per_token}
 

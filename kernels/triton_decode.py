@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.metadata import LayerKV
-from strata.kernels.triton_paged import LOG2E, dot_precision, head_block, load_kv_tile, scale_args
+from strata.kernels.triton_paged import LOG2E, dot_precision, head_block, load_kv_tiles, scale_args
 
 BLOCK_N = 32  # keys per inner-loop tile, independent of the cache block size
 MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in the merge than it gains in parallelism
@@ -52,15 +52,15 @@ def _decode_kernel(
     for tile in range(start, end, BLOCK_N):
         positions = tile + tl.arange(0, BLOCK_N)
         valid = positions < end
-        k = load_kv_tile(k_cache, k_scale, table, positions, valid, kv_head, offs_d, d_mask,
-                         stride_kb, stride_kt, stride_kh, stride_ksb, stride_kst, stride_ksh, BLOCK_SIZE, QUANTIZED)
+        k, v = load_kv_tiles(k_cache, v_cache, k_scale, v_scale, table, positions, valid, kv_head, offs_d, d_mask,
+                             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                             stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+                             BLOCK_SIZE, QUANTIZED)
         s = tl.dot(qt, tl.trans(k), input_precision=PRECISION)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))  # finite from the first tile on: it holds >= 1 valid key
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
-        v = load_kv_tile(v_cache, v_scale, table, positions, valid, kv_head, offs_d, d_mask,
-                         stride_vb, stride_vt, stride_vh, stride_vsb, stride_vst, stride_vsh, BLOCK_SIZE, QUANTIZED)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         l = l * alpha + tl.sum(p, 1)
         m = m_new

@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.metadata import LayerKV
-from strata.kernels.triton_paged import head_block, scale_args
+from strata.kernels.triton_paged import scale_args
 
 
 @triton.jit
@@ -18,16 +18,17 @@ def _round_half_even(x):
 
 
 @triton.jit
-def _store_row(src, dst, scales, scale_offset, offs_d, d_mask, valid, QUANTIZED: tl.constexpr):
-    """Copy one head's row; INT8: symmetric, scale = absmax / 127 (as torch_reference.quantize_int8)."""
+def _store_rows(src, dst, scales, scale_offsets, mask, row_mask, QUANTIZED: tl.constexpr):
+    """Copy one token's [heads, head_dim] tile; INT8: symmetric, one scale per head row = absmax / 127, exactly as
+    torch_reference.quantize_int8 (IEEE division, ties to even)."""
     if QUANTIZED:
-        x = tl.load(src + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 0), 1e-8), 127.0)
-        q = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(x, scale)), -127.0), 127.0)
-        tl.store(dst + offs_d, q.to(tl.int8), mask=d_mask & valid)
-        tl.store(scales + scale_offset, scale, mask=valid)
+        x = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-8), 127.0)
+        q = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(x, scale[:, None])), -127.0), 127.0)
+        tl.store(dst, q.to(tl.int8), mask=mask)
+        tl.store(scales + scale_offsets, scale, mask=row_mask)
     else:
-        tl.store(dst + offs_d, tl.load(src + offs_d, mask=d_mask), mask=d_mask & valid)
+        tl.store(dst, tl.load(src, mask=mask), mask=mask)
 
 
 @triton.jit
@@ -36,25 +37,24 @@ def _write_kv_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
     stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, QUANTIZED: tl.constexpr,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, QUANTIZED: tl.constexpr,
 ):
-    """One program per (token, kv head); negative slots (padding) are skipped."""
+    """One program per token, all its KV heads at once; negative slots (padding) are skipped."""
     token = tl.program_id(0)
-    head = tl.program_id(1)
     slot = tl.load(slot_mapping + token).to(tl.int64)
-    valid = slot >= 0
     block = slot // BLOCK_SIZE
     offset = slot % BLOCK_SIZE
+    heads = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    _store_row(key + token * stride_kt + head * stride_kh,
-               k_cache + block * stride_kcb + offset * stride_kct + head * stride_kch,
-               k_scale, block * stride_ksb + offset * stride_kst + head * stride_ksh,
-               offs_d, d_mask, valid, QUANTIZED)
-    _store_row(value + token * stride_vt + head * stride_vh,
-               v_cache + block * stride_vcb + offset * stride_vct + head * stride_vch,
-               v_scale, block * stride_vsb + offset * stride_vst + head * stride_vsh,
-               offs_d, d_mask, valid, QUANTIZED)
+    row_mask = (heads < NUM_HEADS) & (slot >= 0)
+    mask = row_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    _store_rows(key + token * stride_kt + heads[:, None] * stride_kh + offs_d[None, :],
+                k_cache + block * stride_kcb + offset * stride_kct + heads[:, None] * stride_kch + offs_d[None, :],
+                k_scale, block * stride_ksb + offset * stride_kst + heads * stride_ksh, mask, row_mask, QUANTIZED)
+    _store_rows(value + token * stride_vt + heads[:, None] * stride_vh + offs_d[None, :],
+                v_cache + block * stride_vcb + offset * stride_vct + heads[:, None] * stride_vch + offs_d[None, :],
+                v_scale, block * stride_vsb + offset * stride_vst + heads * stride_vsh, mask, row_mask, QUANTIZED)
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv: LayerKV, slot_mapping: torch.Tensor) -> None:
@@ -65,9 +65,10 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv: LayerKV, slot_mapping: 
     assert key.stride(-1) == value.stride(-1) == kv.k.stride(-1) == kv.v.stride(-1) == 1, "head_dim must be contiguous"
     k_scale, *k_scale_strides = scale_args(kv.k_scale)
     v_scale, *v_scale_strides = scale_args(kv.v_scale)
-    _write_kv_kernel[(num_tokens, num_kv_heads)](
+    _write_kv_kernel[(num_tokens,)](
         key, value, kv.k, kv.v, k_scale, v_scale, slot_mapping,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         *kv.k.stride()[:3], *kv.v.stride()[:3], *k_scale_strides, *v_scale_strides,
-        HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), BLOCK_SIZE=kv.k.shape[1], QUANTIZED=kv.quantized,
+        NUM_HEADS=num_kv_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_SIZE=kv.k.shape[1], QUANTIZED=kv.quantized,
     )

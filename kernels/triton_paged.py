@@ -4,26 +4,32 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # softmax runs in base 2 (exp2 is one instruction on GPUs); scores are pre-scaled by this
+# Softmax runs in base 2 (exp2 is one GPU instruction): queries are pre-scaled by LOG2E.
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def load_kv_tile(cache, scales, table, positions, valid, kv_head, offs_d, d_mask,
-                 stride_b, stride_t, stride_h, scale_stride_b, scale_stride_t, scale_stride_h,
-                 BLOCK_SIZE: tl.constexpr, QUANTIZED: tl.constexpr):
-    """K or V of `positions` ([N]) of one sequence, read through its block-table row, as fp32 [N, BLOCK_D].
+def load_kv_tiles(k_cache, v_cache, k_scale, v_scale, table, positions, valid, kv_head, offs_d, d_mask,
+                  stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                  stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+                  BLOCK_SIZE: tl.constexpr, QUANTIZED: tl.constexpr):
+    """K and V of `positions` ([N]) of one sequence, read through its block-table row: two fp32 [N, BLOCK_D] tiles.
 
     INT8 rows are multiplied by their per-(token, kv-head) scale in registers; invalid positions read as 0.
     """
     block_ids = tl.load(table + positions // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)  # int64: blocks span GBs
     offsets = positions % BLOCK_SIZE
-    rows = cache + block_ids * stride_b + offsets * stride_t + kv_head * stride_h
-    x = tl.load(rows[:, None] + offs_d[None, :], mask=valid[:, None] & d_mask[None, :], other=0).to(tl.float32)
+    mask = valid[:, None] & d_mask[None, :]
+    k_rows = block_ids * stride_kb + offsets * stride_kt + kv_head * stride_kh
+    v_rows = block_ids * stride_vb + offsets * stride_vt + kv_head * stride_vh
+    k = tl.load(k_cache + k_rows[:, None] + offs_d[None, :], mask=mask, other=0).to(tl.float32)
+    v = tl.load(v_cache + v_rows[:, None] + offs_d[None, :], mask=mask, other=0).to(tl.float32)
     if QUANTIZED:
-        s = tl.load(scales + block_ids * scale_stride_b + offsets * scale_stride_t + kv_head * scale_stride_h,
-                    mask=valid, other=0.0)
-        x = x * s[:, None]
-    return x
+        k *= tl.load(k_scale + block_ids * stride_ksb + offsets * stride_kst + kv_head * stride_ksh,
+                     mask=valid, other=0.0)[:, None]
+        v *= tl.load(v_scale + block_ids * stride_vsb + offsets * stride_vst + kv_head * stride_vsh,
+                     mask=valid, other=0.0)[:, None]
+    return k, v
 
 
 def dot_precision(q: torch.Tensor, cache: torch.Tensor) -> str:

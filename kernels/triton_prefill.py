@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from strata.kernels.metadata import AttentionMetadata, LayerKV
-from strata.kernels.triton_paged import LOG2E, dot_precision, head_block, load_kv_tile, scale_args
+from strata.kernels.triton_paged import LOG2E, dot_precision, head_block, load_kv_tiles, scale_args
 
 BLOCK_M = 64  # rows per program: (query token, query head of the group) pairs, so GQA heads share K/V loads
 BLOCK_N = 32
@@ -51,15 +51,15 @@ def _prefill_kernel(
     for kv_tile in range(0, kv_end, BLOCK_N):
         positions = kv_tile + tl.arange(0, BLOCK_N)
         valid = positions < kv_end
-        k = load_kv_tile(k_cache, k_scale, table, positions, valid, kv_head, offs_d, d_mask,
-                         stride_kb, stride_kt, stride_kh, stride_ksb, stride_kst, stride_ksh, BLOCK_SIZE, QUANTIZED)
+        k, v = load_kv_tiles(k_cache, v_cache, k_scale, v_scale, table, positions, valid, kv_head, offs_d, d_mask,
+                             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                             stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
+                             BLOCK_SIZE, QUANTIZED)
         s = tl.dot(qt, tl.trans(k), input_precision=PRECISION)
         s = tl.where(valid[None, :] & (positions[None, :] <= q_pos[:, None]), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))  # finite from the first tile on: key 0 is visible to every query
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
-        v = load_kv_tile(v_cache, v_scale, table, positions, valid, kv_head, offs_d, d_mask,
-                         stride_vb, stride_vt, stride_vh, stride_vsb, stride_vst, stride_vsh, BLOCK_SIZE, QUANTIZED)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
         l = l * alpha + tl.sum(p, 1)
         m = m_new
