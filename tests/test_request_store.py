@@ -56,7 +56,7 @@ def test_missing_folders_are_created_and_bad_files_are_a_value_error(tmp_path):
 
 
 _WRITER = """
-import sys, asyncio
+import asyncio, os, sys
 from strata.cache.request.request_cache import RequestCache, RequestCacheConfig, CacheRequest
 
 async def main():
@@ -67,7 +67,9 @@ async def main():
         await cache.get_or_compute(req, lambda i=i: asyncio.sleep(0, result=f"poem {i} " + "x" * 2000))
         if i % 20 == 19:
             await cache.drain()
-            print(i + 1, flush=True)
+            with open(sys.argv[2] + ".tmp", "w") as f:
+                f.write(str(i + 1))
+            os.replace(sys.argv[2] + ".tmp", sys.argv[2])
         i += 1
 
 asyncio.run(main())
@@ -75,15 +77,16 @@ asyncio.run(main())
 
 
 def test_kill_9_during_writes_leaves_a_readable_store(tmp_path):
-    db = str(tmp_path / "killed.db")
-    child = subprocess.Popen([sys.executable, "-c", _WRITER, db], stdout=subprocess.PIPE, text=True)
+    db, progress = str(tmp_path / "killed.db"), tmp_path / "progress"
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, db, str(progress)])
     try:
         committed = 0
         deadline = time.monotonic() + 30
-        while committed < 100 and time.monotonic() < deadline:
-            committed = int(child.stdout.readline() or 0) or committed
+        while committed < 100 and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.02)
+            committed = int(progress.read_text()) if progress.exists() else 0
         assert committed >= 100, "writer made no progress"
-        os.kill(child.pid, signal.SIGKILL)
+        os.kill(child.pid, signal.SIGKILL)      # while it keeps writing
     finally:
         child.kill()
         child.wait()
