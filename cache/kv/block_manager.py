@@ -1,0 +1,167 @@
+"""Block pool with reference counts, per-sequence block tables and automatic prefix caching.
+
+Full blocks are named by a hash chain (xxhash of the parent's hash + the block's token ids), so a new request
+whose prompt starts like an earlier one reuses those blocks. A freed hashed block stays reusable until the
+pool needs it back (least recently freed goes first).
+"""
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import xxhash
+
+
+class BlockTableOwner(Protocol):
+    """What the block manager needs of a sequence (the engine's Sequence satisfies it)."""
+
+    token_ids: list[int]
+    block_table: list[int]
+    num_hashed_blocks: int
+    last_block_hash: int
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int = -1
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    queries: int = 0
+    hits: int = 0  # requests that reused at least one block
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+
+
+@dataclass(slots=True)
+class BlockManager:
+    """Hands out blocks; never leaks them: `num_free_blocks == num_blocks` once every sequence is freed."""
+
+    num_blocks: int
+    block_size: int
+    enable_prefix_caching: bool = True
+    namespace: str = ""  # model identity: prefixes are never shared across models or KV formats
+    blocks: list[Block] = field(init=False)
+    free: "OrderedDict[int, None]" = field(init=False)  # front = first to be reused
+    cached: dict[int, int] = field(init=False)  # block hash -> block id
+    stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
+    root_hash: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.blocks = [Block(i) for i in range(self.num_blocks)]
+        self.free = OrderedDict.fromkeys(range(self.num_blocks))
+        self.cached = {}
+        self.root_hash = xxhash.xxh3_64_intdigest(self.namespace.encode())
+
+    # -- accounting -------------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_cached_free_blocks(self) -> int:
+        """Free blocks that still hold a reusable prefix."""
+        return sum(1 for b in self.free if self.blocks[b].hash != -1)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def chain_hash(self, parent: int, token_ids: tuple[int, ...]) -> int:
+        h = xxhash.xxh3_64()
+        h.update(parent.to_bytes(8, "little"))
+        h.update(b"".join(t.to_bytes(4, "little", signed=True) for t in token_ids))
+        return h.intdigest()
+
+    # -- allocation -------------------------------------------------------------------------------------
+    def match_prefix(self, seq: BlockTableOwner) -> list[int]:
+        """Cached blocks equal to the start of seq's tokens (never its last token: that one must be computed)."""
+        if not self.enable_prefix_caching:
+            return []
+        hits, parent = [], self.root_hash
+        full = (len(seq.token_ids) - 1) // self.block_size
+        for i in range(full):
+            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            parent = self.chain_hash(parent, tokens)
+            block_id = self.cached.get(parent)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+        return hits
+
+    def can_allocate(self, seq: BlockTableOwner, num_tokens: int, reserve: int = 0) -> bool:
+        """Whether blocks for seq's first num_tokens tokens fit, keeping `reserve` blocks free for decodes."""
+        hits = self.match_prefix(seq)
+        reused_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        needed = self.blocks_needed(num_tokens) - len(hits)
+        return needed + reused_free <= self.num_free_blocks - reserve
+
+    def allocate(self, seq: BlockTableOwner, num_tokens: int) -> int:
+        """Give seq blocks for its first num_tokens tokens; return how many leading tokens are already cached."""
+        if seq.block_table:
+            raise RuntimeError("sequence already holds blocks")
+        hits = self.match_prefix(seq)
+        if self.enable_prefix_caching:
+            self.stats.queries += 1
+            self.stats.queried_tokens += len(seq.token_ids)
+            self.stats.hits += bool(hits)
+            self.stats.hit_tokens += len(hits) * self.block_size
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+        seq.num_hashed_blocks = len(hits)
+        seq.last_block_hash = self.blocks[hits[-1]].hash if hits else self.root_hash
+        for _ in range(self.blocks_needed(num_tokens) - len(hits)):
+            seq.block_table.append(self._take_free_block())
+        return len(hits) * self.block_size
+
+    def can_grow(self, seq: BlockTableOwner, num_tokens: int) -> bool:
+        return self.blocks_needed(num_tokens) - len(seq.block_table) <= self.num_free_blocks
+
+    def grow(self, seq: BlockTableOwner, num_tokens: int) -> None:
+        """Make seq's block table cover num_tokens tokens."""
+        for _ in range(self.blocks_needed(num_tokens) - len(seq.block_table)):
+            seq.block_table.append(self._take_free_block())
+
+    def _take_free_block(self) -> int:
+        if not self.free:
+            raise RuntimeError("KV block pool exhausted (scheduler should have checked)")
+        block_id, _ = self.free.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash != -1 and self.cached.get(block.hash) == block_id:
+            del self.cached[block.hash]
+        block.hash, block.token_ids, block.ref_count = -1, (), 1
+        return block_id
+
+    def register_computed(self, seq: BlockTableOwner, num_computed_tokens: int) -> None:
+        """Hash the blocks that just became full and computed, so later requests can reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        full = num_computed_tokens // self.block_size
+        for i in range(seq.num_hashed_blocks, full):
+            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+            h = self.chain_hash(seq.last_block_hash, tokens)
+            block = self.blocks[seq.block_table[i]]
+            if h not in self.cached:
+                block.hash, block.token_ids = h, tokens
+                self.cached[h] = block.block_id
+            seq.last_block_hash = h
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
+
+    def free_sequence(self, seq: BlockTableOwner) -> None:
+        """Drop seq's references; blocks nobody uses go back to the pool (hashed ones stay reusable)."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+                if block.hash == -1:
+                    self.free.move_to_end(block_id, last=False)  # nothing to keep: reuse it first
+        seq.block_table.clear()
+        seq.num_hashed_blocks = 0

@@ -1,0 +1,241 @@
+"""LLMEngine: add requests, step the scheduler + runner, stream outputs; the HTTP server drives it."""
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from strata.cache.kv.block_manager import BlockManager
+from strata.cache.kv.storage import KVLayout, KVStorage
+from strata.cache.kv.swap import SwapSpace
+from strata.kernels import get_backend
+from strata.models.default_model import default_model_dir, ensure_default_model
+from strata.models.loader import load_model
+from strata.server.config import EngineConfig, kv_cache_bytes
+from strata.server.detokenizer import Detokenizer
+from strata.server.model_runner import ModelRunner
+from strata.server.sampling_params import SamplingParams
+from strata.server.scheduler import Scheduler
+from strata.server.sequence import Sequence
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What a request produced so far; `new_*` is what this step added (for streaming)."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    ttft_s: float | None = None
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; the message says why (the HTTP layer maps it to a 400)."""
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = config.resolve_device()
+        self.dtype = config.resolve_dtype(self.device)
+        model_path = None
+        if config.load_format != "dummy":
+            model_path = Path(config.model) if config.model else ensure_default_model()
+        self.model_path = model_path
+        self.model = load_model(model_path, config.load_format, config.model_config, self.dtype, self.device,
+                                max_positions=1, seed=config.seed)  # rope table is sized below
+        cfg = self.model.config
+        self.model_config = cfg
+        self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self._resize_rope(self.max_model_len)
+        self.model_id = cfg.name or "dummy"
+        self.tokenizer = self._load_tokenizer()
+        self.eos_token_ids = set(cfg.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        kv_dtype = config.resolve_kv_dtype(self.dtype)
+        self.kv_layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.block_size, kv_dtype)
+        num_blocks = kv_cache_bytes(config.kv_cache_memory, self.device) // self.kv_layout.block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"--kv-cache-memory {config.kv_cache_memory} holds no block of "
+                             f"{self.kv_layout.block_bytes} bytes")
+        self.kv = KVStorage(self.kv_layout, num_blocks, self.device)
+        self.swap_space = SwapSpace(self.kv_layout, config.swap_space) if config.swap_space else None
+        namespace = f"{self.model_id}|{model_path}|{config.load_format}|{config.seed}|{kv_dtype}|{self.dtype}"
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, namespace)
+        self.scheduler = Scheduler(config, self.block_manager, self.swap_space)
+        self.backend = get_backend(config.attention_backend, self.device)
+        self.runner = ModelRunner(self.model, self.kv, self.swap_space.storage if self.swap_space else None,
+                                  self.backend)
+        self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
+        self.requests: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+        self.num_generated_tokens = 0
+
+    def _resize_rope(self, max_positions: int) -> None:
+        from strata.models.rope import RotaryEmbedding
+
+        rope = RotaryEmbedding(self.model.config, max_positions).to(self.device)
+        for layer in self.model.model.layers:
+            layer.self_attn.rope = rope
+
+    def _load_tokenizer(self):
+        from transformers import AutoTokenizer
+
+        if self.config.tokenizer:
+            return AutoTokenizer.from_pretrained(self.config.tokenizer)
+        # A folder without tokenizer files (tiny test checkpoints) runs on token ids; dummy weights borrow the
+        # default model's tokenizer when it is converted already.
+        source = self.model_path or default_model_dir()
+        has_tokenizer = (source / "tokenizer.json").exists() or (source / "tokenizer_config.json").exists()
+        return AutoTokenizer.from_pretrained(source) if has_tokenizer else None
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv.capacity_tokens
+
+    # -- requests ---------------------------------------------------------------------------------------
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        """Token ids of a prompt; with chat=True, the user message wrapped in the model's chat template."""
+        if isinstance(prompt, list):
+            return prompt
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer: pass token ids")
+        if chat:
+            return self.apply_chat_template([{"role": "user", "content": prompt}])
+        return self.tokenizer.encode(prompt)
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer: pass token ids")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                    chat: bool = False) -> str:
+        """Validate and queue a request; raises RequestError (and queues nothing) on bad input."""
+        if isinstance(prompt, str) and not prompt.strip() or isinstance(prompt, list) and not prompt:
+            raise RequestError("prompt is empty")
+        token_ids = self.encode(prompt, chat)
+        if any(not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size for t in token_ids):
+            raise RequestError(f"prompt token ids must be integers in [0, {self.model_config.vocab_size})")
+        if len(token_ids) >= self.max_model_len:
+            raise RequestError(f"prompt has {len(token_ids)} tokens; this model's context is {self.max_model_len}")
+        if self.block_manager.blocks_needed(len(token_ids) + 1) > self.block_manager.num_blocks:
+            raise RequestError(f"prompt has {len(token_ids)} tokens but the KV cache holds only "
+                               f"{self.kv_capacity_tokens}; raise --kv-cache-memory")
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in flight")
+        seq = Sequence(request_id, list(token_ids), params)
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its blocks; False when it is unknown or already done."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        seq.finish_reason = "abort"
+        self._release(seq)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- stepping ---------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduler + model step; returns an output for every request that got a token or finished."""
+        batch = self.scheduler.schedule()
+        outputs = []
+        for seq in batch.failed:
+            seq.finish_reason = "length"  # cannot fit in the KV cache even alone
+            outputs.append(self._finish(seq))
+        if batch.empty:
+            return outputs
+        sampled, tokens = self.runner.run(batch)
+        for seq, n in batch.prefills:
+            self.block_manager.register_computed(seq, seq.num_computed_tokens)
+        for seq in batch.decodes:
+            self.block_manager.register_computed(seq, seq.num_computed_tokens)
+        now = time.perf_counter()
+        for seq, token in zip(sampled, tokens):
+            outputs.append(self._append_token(seq, token, now))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+        seq.token_ids.append(token)
+        self.num_generated_tokens += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        params = seq.params
+        text_before = len(seq.output_text)
+        new_text = self.detokenizer.update(seq) if self.detokenizer else ""
+        if not params.ignore_eos and token in self.eos_token_ids or token in params.stop_token_ids:
+            seq.finish_reason = "stop"
+        elif params.stop and self._truncate_at_stop(seq, new_text):
+            seq.finish_reason = "stop"
+            new_text = seq.output_text[text_before:]
+        elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            return self._finish(seq, [token], new_text)
+        return self._output(seq, [token], new_text)
+
+    def _truncate_at_stop(self, seq: Sequence, new_text: str) -> bool:
+        window_start = max(0, len(seq.output_text) - len(new_text) - max(len(s) for s in seq.params.stop))
+        hits = [i for s in seq.params.stop if (i := seq.output_text.find(s, window_start)) != -1]
+        if not hits:
+            return False
+        seq.output_text = seq.output_text[:min(hits)]
+        return True
+
+    def _finish(self, seq: Sequence, new_tokens: list[int] | None = None, new_text: str = "") -> RequestOutput:
+        self.requests.pop(seq.request_id, None)
+        self._release(seq)
+        return self._output(seq, new_tokens or [], new_text)
+
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if self.detokenizer:
+            self.detokenizer.forget(seq.request_id)
+
+    def _output(self, seq: Sequence, new_tokens: list[int], new_text: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            token_ids=seq.output_token_ids,
+            text=seq.output_text,
+            new_token_ids=new_tokens,
+            new_text=new_text,
+            finished=seq.finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+        )
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams],
+                 chat: bool = False, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion with continuous batching; outputs in prompt order."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp, chat=chat) for p, sp in zip(prompts, params_list)]
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), disable=not use_tqdm, desc="generating") as bar:
+            while len(done) < len(ids):
+                for out in self.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update()
+        return [done[i] for i in ids]
