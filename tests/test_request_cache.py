@@ -4,6 +4,7 @@ import json
 import random
 import re
 import threading
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ class FakeSemantic:
         self.embeds += 1
         v = np.zeros(self.dim, np.float32)
         for w in re.findall(r"\w+", text.lower()):
-            v[hash(w) % self.dim] += 1
+            v[zlib.crc32(w.encode()) % self.dim] += 1       # deterministic, unlike hash()
         return v / max(np.linalg.norm(v), 1e-9)
 
     def add(self, entry_id, text, partition, embedding=None):
