@@ -209,9 +209,12 @@ def test_single_flight_semantic_neighbour_waits_for_pending_leader():
     cache = make(semantic=FakeSemantic(), follow_similarity=0.9)
     calls = []
 
-    async def compute():
+    async def compute():        # the leader answers only once the other request waits on it, however slow the CPU
         calls.append(1)
-        await asyncio.sleep(0.05)
+        for _ in range(1000):
+            if any(f.followers for f in cache.flights.flights.values()):
+                break
+            await asyncio.sleep(0.005)
         return "Quicksort picks a pivot and partitions."
 
     async def go():
