@@ -10,7 +10,7 @@ from strata.kernels.metadata import LayerKV
 from strata.kernels.triton_paged import LOG2E, dot_precision, head_block, load_kv_tiles, scale_args
 
 BLOCK_N = 32  # keys per inner-loop tile, independent of the cache block size
-MIN_SPLIT_TOKENS = 256  # a split shorter than this costs more in the merge than it gains in parallelism
+MIN_SPLIT_TOKENS = 128  # shorter splits cost more in the merge than they gain in parallelism
 MAX_SPLITS = 32
 
 
