@@ -395,16 +395,26 @@ def test_invalidation_by_id_tag_partition_model_tenant_and_similarity(tmp_path):
     cache.close()
 
 
-def test_invalidate_by_entry_id_drops_queued_writes():
+def test_invalidate_by_entry_id_and_queued_writes_are_dropped():
     cache = make()
+    gate = threading.Event()
+    write = cache.writer.handle
+    cache.writer.handle = lambda job: (gate.wait(5), write(job))       # a slow writer
 
     async def go():
-        _, lookup, _ = await answer(cache, chat("Explain recursion"), "It calls itself.")
-        hit = await cache.lookup(chat("Explain recursion"))
-        assert cache.invalidate(entry_id=hit.hit.entry_id) == 1
+        lookup = await cache.lookup(chat("Explain recursion"))
+        lookup.complete("It calls itself.")                 # queued, not yet stored
+        assert cache.invalidate(tenant="default") == 0      # nothing stored yet, but the queued write is now stale
+        gate.set()
+        await cache.drain()
         assert (await cache.lookup(chat("Explain recursion"))).layer == "miss"
+        _, _, _ = await answer(cache, chat("Explain iteration"), "Loops.")
+        hit = await cache.lookup(chat("Explain iteration"))
+        assert cache.invalidate(entry_id=hit.hit.entry_id) == 1
+        assert cache.invalidate(entry_id=hit.hit.entry_id) == 0
 
     run(go())
+    assert cache.stats()["counters"]["write"] == {"skipped_invalidated": 1, "written": 1}
     cache.close()
 
 

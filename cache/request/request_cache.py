@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,7 @@ class RequestCache:
         self._stats = CacheStats(config.review_size)
         self.touched: dict[str, Entry] = {}       # hit counts not yet persisted
         self.generation = 0                       # bumped by invalidate(): writes queued before it are dropped
+        self.write_lock = threading.Lock()
         self.closed = False
         self._load()
         self.writer = WriteBack(self._write, config.write_queue_size, idle=self._persist_hits)
@@ -294,30 +296,30 @@ class RequestCache:
     def _write(self, job: _Write) -> bool:
         """PII filter, templating, TTL with jitter, embedding, store; runs on the writer thread (warm-up: inline)."""
         skip = self._why_not_write(job)
+        answer = None
         if skip is None:
             answer = template_answer(job.answer, job.key.values) if job.key.personal else job.answer
-            if answer is None:
-                skip = "untemplatable"
-        if skip is not None:
-            self._stats.count(f"write.skipped_{skip}")
-            return False
-        now = self.clock()
-        jitter = self.config.ttl_jitter
+            skip = "untemplatable" if answer is None else None
         key = job.key
-        entry = Entry(key.exact, key.partition, key.tenant, key.model, key.text, answer, now,
-                      now + job.decision.ttl_s * self.rng.uniform(1 - jitter, 1 + jitter), job.decision.ttl_class,
-                      job.tags, semantic=self.semantic is not None and job.decision.write_semantic)
-        if entry.semantic:
-            entry.embedding = self.semantic.embed(key.text)
-        self.exact.put(entry)
-        if entry.semantic:
-            self.semantic.add(entry.entry_id, key.text, key.partition, entry.embedding)
+        semantic = self.semantic is not None and job.decision.write_semantic
+        embedding = self.semantic.embed(key.text) if skip is None and semantic else None
+        with self.write_lock:               # an invalidate() never interleaves with a store write
+            if skip is None and job.generation != self.generation:
+                skip = "invalidated"
+            if skip is not None:
+                self._stats.count(f"write.skipped_{skip}")
+                return False
+            now = self.clock()
+            ttl = job.decision.ttl_s * self.rng.uniform(1 - self.config.ttl_jitter, 1 + self.config.ttl_jitter)
+            entry = Entry(key.exact, key.partition, key.tenant, key.model, key.text, answer, now, now + ttl,
+                          job.decision.ttl_class, job.tags, semantic=semantic, embedding=embedding)
+            self.exact.put(entry)
+            if semantic:
+                self.semantic.add(entry.entry_id, key.text, key.partition, embedding)
         self._stats.count("write.written")
         return True
 
     def _why_not_write(self, job: _Write) -> str | None:
-        if job.generation != self.generation:
-            return "invalidated"
         if not job.answer.strip():
             return "empty"
         if not job.key.personal and ("\u27e6" in job.answer or has_pii(job.answer)):
@@ -375,8 +377,9 @@ class RequestCache:
             text = template_request(normalize_text(similar_to)).text
             similar = set(self.semantic.similar_ids(text, min_similarity, None))
             candidates = similar if candidates is None else candidates & similar
-        self.generation += 1
-        return self._remove(candidates)
+        with self.write_lock:
+            self.generation += 1
+            return self._remove(candidates)
 
     def warmup(self, jsonl_path: str | Path, *, tenant: str = "default", model: str | None = None,
                sampling: dict | None = None) -> int:
