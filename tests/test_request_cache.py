@@ -137,6 +137,18 @@ def test_ttl_expiry_with_jitter_on_fake_clock():
     cache.close()
 
 
+def test_expired_entries_are_purged_from_every_layer():
+    clock = Clock()
+    cache = make(semantic=FakeSemantic(), clock=clock)
+    run(answer(cache, chat("What is the status of the nightly build?"), "Green."))       # status: 5 min
+    assert len(cache.store) == len(cache.semantic) == 1
+    clock.t += 400
+    run(answer(cache, chat("Write a haiku about rain"), "Drops."))                       # writer idles -> purge
+    assert len(cache.store) == len(cache.semantic) == 1 and len(cache.exact) == 1
+    assert cache.store.entries().__next__().text == "Write a haiku about rain"
+    cache.close()
+
+
 @pytest.mark.parametrize("leaky", [False, True])
 def test_tenant_isolation_even_at_similarity_one(leaky):
     semantic = FakeSemantic(leaky=leaky)

@@ -38,6 +38,7 @@ def test_bypass_classes(policy, text, reason):
     ("What is the capital of Australia?", "factual", 7 * 86400),
     ("澳大利亚的首都是哪里", "factual", 7 * 86400),
     ("Write a haiku about autumn", "default", 3600),
+    ("Write a haiku about rain", "default", 3600),
 ])
 def test_ttl_classes(policy, text, ttl_class, ttl_s):
     d = decide(policy, text)

@@ -112,8 +112,9 @@ class RequestCache:
         self.generation = 0                       # bumped by invalidate(): writes queued before it are dropped
         self.write_lock = threading.Lock()
         self.closed = False
+        self.last_purge = clock()
         self._load()
-        self.writer = WriteBack(self._write, config.write_queue_size, idle=self._persist_hits)
+        self.writer = WriteBack(self._write, config.write_queue_size, idle=self._maintain)
 
     # ---- lookup -------------------------------------------------------------------------------------------
 
@@ -330,6 +331,15 @@ class RequestCache:
         touched, self.touched = self.touched, {}
         for entry in touched.values():
             self.store.touch(entry.entry_id, entry.hits, entry.last_hit)
+
+    def _maintain(self) -> None:
+        """Writer idle work: persist hit counts; once a minute, delete expired entries from every layer."""
+        self._persist_hits()
+        now = self.clock()
+        if now - self.last_purge >= 60.0:
+            self.last_purge = now
+            with self.write_lock:
+                self._remove(self.store.expired(now))
 
     # ---- maintenance --------------------------------------------------------------------------------------
 
