@@ -169,9 +169,10 @@ def test_tenant_isolation_even_at_similarity_one(leaky):
 
 
 @pytest.mark.skipif(not (DATASETS / "en_contextual_queries.json").exists(), reason="shared datasets not mounted")
-def test_follow_ups_never_hit_an_entry_made_under_another_context():
+@pytest.mark.parametrize("leaky", [False, True])
+def test_follow_ups_never_hit_an_entry_made_under_another_context(leaky):
     rows = json.loads((DATASETS / "en_contextual_queries.json").read_text())[:40]
-    cache = make(semantic=FakeSemantic(leaky=False))
+    cache = make(semantic=FakeSemantic(leaky=leaky))
 
     async def go():
         for row in rows:        # each follow-up cached under its own conversation
