@@ -114,6 +114,7 @@ def test_exact_hit_after_write_back_and_counters():
     s = cache.stats()
     assert s["counters"]["exact"] == {"hit": 1, "miss": 1} and s["counters"]["write"]["written"] == 1
     assert s["hit_age_s"]["count"] == 1 and s["entries"]["store"] == 1
+    assert s["similarity"]["count"] == 0                  # the histogram is for semantic hits only
     with pytest.raises(RuntimeError, match="already"):
         first.complete("twice")
     cache.close()

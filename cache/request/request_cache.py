@@ -332,6 +332,8 @@ class RequestCache:
         for entry in touched.values():
             self.store.touch(entry.entry_id, entry.hits, entry.last_hit)
 
+    # ---- maintenance --------------------------------------------------------------------------------------
+
     def _maintain(self) -> None:
         """Writer idle work: persist hit counts; once a minute, delete expired entries from every layer."""
         self._persist_hits()
@@ -340,8 +342,6 @@ class RequestCache:
             self.last_purge = now
             with self.write_lock:
                 self._remove(self.store.expired(now))
-
-    # ---- maintenance --------------------------------------------------------------------------------------
 
     def _load(self) -> None:
         """Drop expired entries, then rebuild the semantic index from stored embeddings (re-embed on a mismatch)."""

@@ -43,10 +43,11 @@ class CacheStats:
             self.counts[name] += n
 
     def observe_hit(self, layer: str, similarity: float, age_s: float) -> None:
-        """One served hit: its layer, similarity and age."""
+        """One served hit: its layer, age and (semantic layers only, for threshold tuning) similarity."""
         with self.lock:
             self.counts[f"{layer}.hit"] += 1
-            self.similarity.observe(similarity)
+            if layer != "exact":
+                self.similarity.observe(similarity)
             self.hit_age.observe(age_s)
 
     def snapshot(self) -> dict:
