@@ -9,7 +9,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 
 from strata.cache.request.config import RequestCacheConfig
@@ -25,6 +25,9 @@ from strata.cache.request.stats import CacheStats
 from strata.cache.request.store import Entry, SQLiteStore, Store
 from strata.cache.request.templating import fill_answer, template_answer, template_request
 from strata.cache.request.write_back import WriteBack
+
+if TYPE_CHECKING:
+    from strata.cache.request.semantic import SemanticCache
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +97,8 @@ class RequestCache:
     clock and rng are injectable so TTL and jitter are testable without sleeping.
     """
 
-    def __init__(self, config: RequestCacheConfig | None = None, *, semantic=None, store: Store | None = None,
+    def __init__(self, config: RequestCacheConfig | None = None, *, semantic: SemanticCache | None = None,
+                 store: Store | None = None,
                  policy: Policy | None = None, clock: Callable[[], float] = time.time,
                  rng: random.Random | None = None):
         self.config = config = config or RequestCacheConfig()
