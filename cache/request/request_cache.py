@@ -98,9 +98,8 @@ class RequestCache:
     """
 
     def __init__(self, config: RequestCacheConfig | None = None, *, semantic: SemanticCache | None = None,
-                 store: Store | None = None,
-                 policy: Policy | None = None, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None):
+                 store: Store | None = None, policy: Policy | None = None,
+                 clock: Callable[[], float] = time.time, rng: random.Random | None = None):
         self.config = config = config or RequestCacheConfig()
         self.clock = clock
         self.rng = rng or random.Random()
