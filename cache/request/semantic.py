@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 from cachetools import LRUCache
 
+from .contrast import is_cjk
 from .embedders import Embedder
 from .index import VectorIndex
 from .verifier import Verifier
@@ -35,14 +36,30 @@ class Thresholds:
         if not 0.0 <= self.verify_similar <= self.verify_serve <= 1.0:
             raise ValueError(f"need 0 <= verify_similar <= verify_serve <= 1, got {self.verify_similar}, {self.verify_serve}")
 
+    def for_text(self, text: str) -> "Thresholds":
+        """One set for every language."""
+        return self
+
+
+@dataclass(slots=True)
+class ThresholdTable:
+    """Thresholds per script, fitted jointly: embedders score Chinese paraphrases on another cosine scale."""
+
+    en: Thresholds
+    zh: Thresholds
+
+    def for_text(self, text: str) -> Thresholds:
+        """The Chinese set when the question has Chinese characters, else the default (English) set."""
+        return self.zh if is_cjk(text) else self.en
+
     @classmethod
-    def load(cls, embedder: str, verified: bool = True, path: Path = THRESHOLDS_PATH) -> "Thresholds":
-        """Calibrated thresholds for this embedder, with or without the verifier stage."""
+    def load(cls, embedder: str, verified: bool = True, path: Path = THRESHOLDS_PATH) -> "ThresholdTable":
+        """Calibrated thresholds for this embedder (benchmarks/calibrate_semantic.py), with or without the verifier."""
         table = json.loads(Path(path).read_text(encoding="utf-8"))
         if embedder not in table:
             raise KeyError(f"no calibrated thresholds for embedder {embedder!r} in {path} (have {sorted(table)})")
-        t = table[embedder]["verified" if verified else "cosine_only"]
-        return cls(t["serve"], t["similar"], t.get("verify_serve", 0.0), t.get("verify_similar", 0.0))
+        sets = table[embedder]["verified" if verified else "cosine_only"]
+        return cls(**{lang: Thresholds(**sets[lang]) for lang in ("en", "zh")})
 
 
 @dataclass(slots=True)
@@ -65,7 +82,7 @@ class _Entry:
 class SemanticCache:
     """Nearest-neighbour lookup of earlier questions, one faiss index per partition so partitions never starve each other."""
 
-    def __init__(self, embedder: Embedder, thresholds: Thresholds, verifier: Verifier | None = None, *,
+    def __init__(self, embedder: Embedder, thresholds: Thresholds | ThresholdTable, verifier: Verifier | None = None, *,
                  top_k: int = 5, hnsw_min_size: int = 20_000, embed_cache_size: int = 4096):
         if top_k < 1:
             raise ValueError("top_k must be >= 1")
@@ -86,7 +103,7 @@ class SemanticCache:
 
         model = load_embedder(embedder)
         verifier = Verifier.load(model.name) if verified else None
-        return cls(model, Thresholds.load(model.name, verified), verifier, **kwargs)
+        return cls(model, ThresholdTable.load(model.name, verified), verifier, **kwargs)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -137,7 +154,7 @@ class SemanticCache:
 
     def lookup(self, text: str, partition: str, embedding: np.ndarray | None = None) -> SemanticMatch | None:
         """Best candidate that clears the cosine floor and the verifier, tiered; None means compute."""
-        t = self.thresholds
+        t = self.thresholds.for_text(text)
         best: SemanticMatch | None = None
         for eid, sim, cached in self.candidates(text, partition, embedding):
             if sim < t.similar:

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .contrast import FEATURES, Contrast, contrast
+from .contrast import FEATURES, contrast
 
 WEIGHTS_PATH = Path(__file__).with_name("data") / "verifier_weights.json"
 
@@ -32,11 +32,11 @@ class Verifier:
         m = models["embedders"][embedder]
         return cls(embedder, m["mean"], m["scale"], m["coef"], m["intercept"])
 
-    def probability(self, features: Contrast) -> float:
-        """P(same question) from one pair's contrast features."""
-        z = self.intercept + sum(c * (v - m) / s for c, v, m, s in zip(self.coef, features.values, self.mean, self.scale))
+    def probability(self, values: list[float]) -> float:
+        """P(same question) from one pair's contrast feature values (FEATURES order)."""
+        z = self.intercept + sum(c * (v - m) / s for c, v, m, s in zip(self.coef, values, self.mean, self.scale))
         return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
 
     def score(self, query: str, cached: str, cosine: float) -> float:
         """P(same question) for a query and a cached question found at this cosine."""
-        return self.probability(contrast(query, cached, cosine))
+        return self.probability(contrast(query, cached, cosine).values)

@@ -111,13 +111,18 @@ def score(rows: list[tuple[Pair, SemanticMatch | None]]) -> dict:
     return out
 
 
-def evaluate_pairs(cache: SemanticCache, pairs: list[Pair]) -> dict:
-    """Fill the (empty) cache from the pairs, ask every query, score the answers."""
+def answer_pairs(cache: SemanticCache, pairs: list[Pair]) -> list[tuple[Pair, SemanticMatch | None]]:
+    """Fill the (empty) cache from the pairs and ask every query once."""
     if len(cache):
-        raise ValueError("evaluate_pairs needs an empty cache")
+        raise ValueError("the quality bench needs an empty cache")
     queries = fill(cache, pairs)
     answers = {q: cache.lookup(q, PARTITION, vec) for q, vec in queries.items()}
-    return score([(p, answers[p.query]) for p in pairs])
+    return [(p, answers[p.query]) for p in pairs]
+
+
+def evaluate_pairs(cache: SemanticCache, pairs: list[Pair]) -> dict:
+    """The bench on one pairs list: fill, ask, score."""
+    return score(answer_pairs(cache, pairs))
 
 
 async def _bypass(path: Path) -> dict:
