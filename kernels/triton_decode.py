@@ -141,7 +141,8 @@ def paged_decode_attention(
         block_tables.stride(0), *dst_strides, *lse_strides,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, QUANTIZED=kv.quantized, PRECISION=dot_precision(q, kv.k),
-        SPLIT=num_splits > 1, num_warps=8 if head_dim > 64 else 4,  # 4 warps spill at head_dim 128 (sm_90 build)
+        SPLIT=num_splits > 1,
+        num_warps=8 if head_dim > 64 else 4,  # sm_90 build, head_dim 128: <= 128 registers/thread vs up to 168
     )
     if num_splits > 1:
         _merge_kernel[(batch, num_heads)](

@@ -90,6 +90,6 @@ def paged_prefill_attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadat
         meta.prefill_block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=head_block(head_dim), BLOCK_SIZE=block_size,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, QUANTIZED=kv.quantized, PRECISION=dot_precision(q, kv.k),
-        num_warps=8,  # fp32 [64, BLOCK_D] tiles: with 4 warps ptxas spills registers (sm_90 build)
+        num_warps=8,  # fp32 [64, BLOCK_D] tiles: with 4 warps the sm_90 build spills (fp32, head_dim 128)
     )
     return out
