@@ -1,0 +1,195 @@
+"""OpenAI-compatible HTTP server: one process with the engine (KV cache) and the exact + semantic request caches.
+
+create_app() wires routes to a Completer (the shared request path); run_server() builds everything from CLI flags.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import aclosing, asynccontextmanager, contextmanager
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from strata.cache.request.request_cache import RequestCache, RequestCacheConfig
+from strata.server import http_errors
+from strata.server.admin import admin_router
+from strata.server.async_engine import AsyncLLMEngine
+from strata.server.auth import Auth
+from strata.server.body import parse_body
+from strata.server.config import EngineConfig
+from strata.server.http_errors import APIError
+from strata.server.llm_engine import LLMEngine
+from strata.server.metrics import Metrics
+from strata.server.openai_protocol import ChatCompletionRequest, CompletionRequest, Shape
+from strata.server.serving import Answer, Completer, Settings
+
+STATIC = Path(__file__).with_name("static")
+log = logging.getLogger("strata.server")
+
+
+def create_app(engine: LLMEngine, cache: RequestCache | None = None, *, auth: Auth | None = None,
+               settings: Settings | None = None) -> FastAPI:
+    """An app serving `engine` behind `cache`; its engine loop runs from startup to shutdown (lifespan)."""
+    auth = auth or Auth()
+    settings = settings or Settings()
+    aengine = AsyncLLMEngine(engine)
+    completer = Completer(aengine, cache, settings)
+    metrics = Metrics(engine, cache, completer.model_key)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        aengine.start()
+        try:
+            yield
+        finally:
+            aengine.stop()
+            if cache is not None:
+                cache.close()
+
+    app = FastAPI(title="Strata", lifespan=lifespan)
+    app.state.completer, app.state.metrics, app.state.settings = completer, metrics, settings
+    http_errors.install(app)
+    app.include_router(admin_router(auth, completer, settings.max_body_bytes))
+
+    async def complete(request: Request, kind: type[ChatCompletionRequest] | type[CompletionRequest]):
+        started = time.perf_counter()
+        endpoint = "chat" if kind is ChatCompletionRequest else "completions"
+        try:
+            tenant = auth.tenant(request)
+            req = await parse_body(request, kind, settings.max_body_bytes)
+            client = f"{tenant}:{request.client.host if request.client else '-'}"
+            answer = await completer.answer(req, tenant, request.headers.get("cache-control", ""), client,
+                                             started)
+        except APIError as exc:
+            metrics.observe_error(endpoint, exc.status)
+            raise
+        shape = Shape(kind is ChatCompletionRequest, req.model)
+        if req.stream:
+            include_usage = req.stream_options is not None and req.stream_options.include_usage
+            return StreamingResponse(_events(shape, answer, include_usage, metrics, endpoint),
+                                     media_type="text/event-stream", headers=answer.headers())
+        async with aclosing(answer.pieces) as pieces:
+            text = "".join([piece async for piece in pieces])
+        metrics.observe(endpoint, answer)
+        return JSONResponse(shape.response(text, answer.finish_reason, answer.usage(), answer.strata()),
+                            headers=answer.headers())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await complete(request, ChatCompletionRequest)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await complete(request, CompletionRequest)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        auth.tenant(request)
+        return {"object": "list", "data": [{"id": engine.model_id, "object": "model", "created": int(time.time()),
+                                            "owned_by": "strata", "root": completer.model_key,
+                                            "max_model_len": engine.max_model_len}]}
+
+    @app.get("/health")
+    async def health():
+        if aengine.error is not None or not aengine.thread.is_alive():
+            raise APIError(503, f"engine loop stopped: {aengine.error!r}", code="engine_dead")
+        return {"status": "ok", "pending": aengine.num_pending}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/status")
+    async def status():
+        return metrics.status() | {"pending": aengine.num_pending, "request_cache": cache is not None}
+
+    @app.get("/")
+    async def status_page():
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/static/{name}")
+    async def static(name: str):
+        path = STATIC / name
+        if path.parent != STATIC or not path.is_file():
+            raise APIError(404, f"no static file {name!r}")
+        return FileResponse(path)
+
+    return app
+
+
+def _data(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def _events(shape: Shape, answer: Answer, include_usage: bool, metrics: Metrics, endpoint: str):
+    """SSE in OpenAI's chunk format; a client that goes away closes the pieces, which aborts the sequence."""
+    status = 499
+    try:
+        yield _data(shape.chunk("", first=True) | {"strata": answer.strata()})
+        async with aclosing(answer.pieces) as pieces:
+            async for piece in pieces:
+                yield _data(shape.chunk(piece))
+        yield _data(shape.chunk("", answer.finish_reason))
+        if include_usage:
+            yield _data(shape.usage_chunk(answer.usage()))
+        yield _data("[DONE]")
+        status = 200
+    except Exception as exc:     # headers are gone: report in-band, as OpenAI does
+        status = 500
+        log.exception("stream failed")
+        yield _data({"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error", "param": None,
+                               "code": None}})
+    finally:
+        metrics.observe(endpoint, answer, status)
+
+
+def build_cache(db_path: str | None, embedder: str, verified: bool = True) -> RequestCache:
+    """The request cache from flags; a semantic layer that cannot load degrades to exact-only, loudly."""
+    semantic = None
+    if embedder != "none":
+        from strata.cache.request.semantic import SemanticCache
+
+        try:
+            semantic = SemanticCache.create(embedder, verified=verified)
+        except (OSError, KeyError, ValueError) as exc:
+            log.warning("semantic cache off (%s: %s); serving with the exact layer only", type(exc).__name__, exc)
+    if db_path:
+        Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    return RequestCache(RequestCacheConfig(db_path=db_path), semantic=semantic)
+
+
+def run_server(engine_config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, *, auth: Auth | None = None,
+               settings: Settings | None = None, request_cache: bool = True, cache_db: str | None = None,
+               embedder: str = "auto", verifier: bool = True) -> None:
+    """Load the model and caches, then serve until interrupted (`strata serve`)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = LLMEngine(engine_config)
+    cache = build_cache(cache_db, embedder, verifier) if request_cache else None
+    app = create_app(engine, cache, auth=auth, settings=settings)
+    uvicorn.run(app, host=host, port=port, log_level="info")
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run `app` under uvicorn in a daemon thread (tests, benchmarks); yields its base URL, port 0 = a free one."""
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="strata-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)

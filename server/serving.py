@@ -1,0 +1,199 @@
+"""The request path both endpoints share: validate against the model, ask the request cache, else stream from
+the engine and hand the finished text back to the cache (write-back happens off the response path)."""
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import xxhash
+
+from strata.cache.request.request_cache import CacheRequest, Lookup, RequestCache
+from strata.server.async_engine import AsyncLLMEngine
+from strata.server.http_errors import APIError
+from strata.server.llm_engine import RequestError
+from strata.server.openai_protocol import ChatCompletionRequest, CompletionRequest, usage
+from strata.server.sampling_params import SamplingParams
+from strata.server.sequence import Sequence
+
+SIMILAR_NOTE = "[Note: this answers a similar earlier question (similarity {:.2f}), not necessarily yours.]\n\n"
+_PIECES = re.compile(r"\s*\S+|\s+$")
+
+
+@dataclass(slots=True)
+class Settings:
+    """Server behaviour that is not the engine's: limits, overload, the similar-answer note."""
+
+    max_queue: int = 256                  # requests inside the engine (running + waiting) before 503
+    max_body_bytes: int = 1 << 20
+    default_max_tokens: int = 256         # when the request names none (capped by the context left)
+    similar_note: bool = True             # prefix "semantic-similar" answers with a visible note
+
+
+def cache_sampling(temperature: float, top_p: float = 1.0, max_tokens: int | None = None, stop=None,
+                   seed: int | None = None, endpoint: str | None = None) -> dict:
+    """Sampling as the cache keys it: defaults left out, so a warm-up entry matches a plain request."""
+    out = {"temperature": temperature, "top_p": top_p if top_p != 1.0 else None, "max_tokens": max_tokens,
+           "stop": stop or None, "seed": seed, "endpoint": endpoint}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def model_key(engine) -> str:
+    """Model id + version for cache partitions: other weights, dtype or KV dtype never share answers."""
+    cfg = engine.config
+    files = sorted(engine.model_path.glob("*.safetensors")) if engine.model_path else []
+    ident = "|".join([str(engine.model_path), cfg.load_format, str(cfg.seed), str(engine.dtype), cfg.kv_dtype,
+                      *(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)])
+    return f"{engine.model_id}@{xxhash.xxh3_64_hexdigest(ident.encode())[:12]}"
+
+
+@dataclass(slots=True)
+class Answer:
+    """Where one response comes from, and its text as pieces; counters fill in while the pieces are read."""
+
+    layer: str                          # exact | semantic | semantic-similar | miss | bypass
+    reason: str
+    similarity: float | None
+    prompt_tokens: int
+    pieces: AsyncIterator[str] | None = None
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    started: float = 0.0                # perf_counter at arrival
+    ttft_s: float | None = None
+
+    def headers(self) -> dict[str, str]:
+        out = {"X-Strata-Cache": self.layer}
+        if self.similarity is not None and self.layer.startswith("semantic"):
+            out["X-Strata-Similarity"] = f"{self.similarity:.4f}"
+        return out
+
+    def strata(self) -> dict:
+        return {"cache": self.layer, "similarity": self.similarity, "reason": self.reason}
+
+    def usage(self) -> dict:
+        return usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+    def mark_first(self) -> None:
+        if self.ttft_s is None:
+            self.ttft_s = time.perf_counter() - self.started
+
+
+class Completer:
+    """Turns one validated request into an Answer: cache hit replayed, or engine output streamed."""
+
+    def __init__(self, aengine: AsyncLLMEngine, cache: RequestCache | None, settings: Settings):
+        self.aengine = aengine
+        self.engine = aengine.engine
+        self.cache = cache
+        self.settings = settings
+        self.model_key = model_key(self.engine)
+
+    async def answer(self, req: ChatCompletionRequest | CompletionRequest, tenant: str, cache_control: str,
+                     client_id: str | None, started: float) -> Answer:
+        """started: when the request arrived (perf_counter), so latency and TTFT include parsing and lookup."""
+        chat = isinstance(req, ChatCompletionRequest)
+        if req.model != self.engine.model_id:
+            raise APIError(404, f"The model '{req.model}' does not exist; this server serves "
+                                f"'{self.engine.model_id}'", param="model", code="model_not_found")
+        try:
+            messages = req.plain_messages() if chat else [{"role": "user", "content": req.prompt_text()}]
+            ids = self.engine.apply_chat_template(messages) if chat else self.engine.encode(messages[0]["content"])
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages" if chat else "prompt") from None
+        params = self._params(req, len(ids), "messages" if chat else "prompt")
+        lookup = await self._lookup(req, tenant, messages, cache_control, client_id, chat)
+        if lookup is not None and lookup.hit is not None:
+            return self._replay(req, lookup, len(ids), started)
+        if lookup is not None and lookup.error is not None:
+            err = lookup.error
+            raise APIError(400, str(err)) if isinstance(err, RequestError) else err
+        answer = Answer(lookup.layer if lookup else "bypass", lookup.reason if lookup else "no-cache-configured",
+                        None, len(ids), started=started)
+        try:
+            if self.aengine.num_pending >= self.settings.max_queue:
+                raise APIError(503, f"server overloaded: {self.aengine.num_pending} requests queued; retry shortly",
+                               code="overloaded", headers={"Retry-After": "1"})
+            seq = self.engine.make_sequence(ids, params)
+        except (APIError, RequestError) as exc:
+            if lookup is not None:
+                lookup.fail(asyncio.CancelledError())   # release followers; nothing computed, nothing to remember
+            raise exc if isinstance(exc, APIError) else APIError(400, str(exc)) from None
+        answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer)
+        return answer
+
+    def _params(self, req, prompt_tokens: int, prompt_param: str) -> SamplingParams:
+        limit = self.engine.max_model_len
+        room = limit - prompt_tokens
+        requested = req.requested_max_tokens()
+        if room < 1 or requested is not None and requested <= limit and requested > room:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                f"{prompt_tokens + (requested or 1)} tokens ({prompt_tokens} in the {prompt_param}, "
+                                f"{requested or 1} in the completion).", param=prompt_param,
+                           code="context_length_exceeded")
+        if requested is not None and requested > limit:
+            raise APIError(400, f"max_tokens is too large: {requested}. This model supports at most {limit} "
+                                f"completion tokens.", param="max_tokens", code="invalid_value")
+        stop = [req.stop] if isinstance(req.stop, str) else req.stop or []
+        try:
+            return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop,
+                                  max_tokens=requested or min(self.settings.default_max_tokens, room))
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+
+    async def _lookup(self, req, tenant: str, messages: list[dict], cache_control: str, client_id: str | None,
+                      chat: bool) -> Lookup | None:
+        if self.cache is None:
+            return None
+        directives = {d.strip().lower() for d in cache_control.split(",")}
+        sampling = cache_sampling(req.temperature, req.top_p, req.requested_max_tokens(), req.stop, req.seed,
+                                  None if chat else "completions")
+        try:
+            creq = CacheRequest(tenant, self.model_key, messages, sampling, mode=req.cache,
+                                no_cache="no-cache" in directives, no_store="no-store" in directives,
+                                client_id=client_id)
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        return await self.cache.lookup(creq)
+
+    def _replay(self, req, lookup: Lookup, prompt_tokens: int, started: float) -> Answer:
+        hit = lookup.hit
+        text = hit.text
+        if hit.layer == "semantic-similar" and (self.settings.similar_note if req.similar_note is None
+                                                else req.similar_note):
+            text = SIMILAR_NOTE.format(hit.similarity) + text
+        answer = Answer(hit.layer, lookup.reason, hit.similarity, prompt_tokens, finish_reason="stop", started=started)
+        if self.engine.tokenizer is not None:
+            answer.completion_tokens = len(self.engine.tokenizer.encode(text, add_special_tokens=False))
+        answer.pieces = self._pieces(text, answer)
+        return answer
+
+    @staticmethod
+    async def _pieces(text: str, answer: Answer) -> AsyncIterator[str]:
+        """A cached answer streamed word by word, so a streaming client sees the same shape as a miss."""
+        for piece in _PIECES.findall(text):
+            answer.mark_first()
+            yield piece
+
+    async def _generate(self, seq: Sequence, lookup: Lookup | None, tags: tuple[str, ...],
+                        answer: Answer) -> AsyncIterator[str]:
+        """Engine output as it comes; closing early aborts the sequence (blocks freed) and releases followers."""
+        text = ""
+        try:
+            async with aclosing(self.aengine.submit(seq)) as outputs:
+                async for out in outputs:
+                    answer.mark_first()
+                    answer.completion_tokens, answer.cached_tokens = len(out.token_ids), out.num_cached_tokens
+                    if out.finished:
+                        answer.finish_reason, text = out.finish_reason, out.text
+                    if out.new_text:
+                        yield out.new_text
+        except BaseException as exc:
+            if lookup is not None:
+                lookup.fail(exc)
+            raise
+        if lookup is not None:
+            lookup.complete(text, tags=tags)

@@ -1,0 +1,70 @@
+"""Shared by the HTTP test modules: one engine per test session, one uvicorn server per module (no tests here).
+
+The semantic layer uses the "hash" test embedder with fixed thresholds: the shipped default embedder's calibrated
+thresholds (cache/request/data/semantic_thresholds.json) are not in the tree yet, and the hash embedder makes the
+paraphrase cases deterministic.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+
+from strata.cache.request.embedders import HashEmbedder
+from strata.cache.request.request_cache import RequestCache, RequestCacheConfig
+from strata.cache.request.semantic import SemanticCache, Thresholds
+from strata.server.api import create_app, serve_in_thread
+from strata.server.auth import Auth
+from strata.server.config import EngineConfig
+from strata.server.llm_engine import LLMEngine
+from strata.server.serving import Settings
+
+KEYS = {"key-acme": "acme", "key-globex": "globex"}
+ADMIN = "admin-secret"
+MODEL = "SmolLM2-135M-Instruct"
+
+
+@functools.cache
+def shared_engine() -> LLMEngine:
+    """The real default model, loaded once per session; each module's app drives it in turn."""
+    return LLMEngine(EngineConfig(dtype="fp32", kv_cache_memory="256MiB"))
+
+
+@dataclass(slots=True)
+class Server:
+    url: str
+    app: object
+    engine: LLMEngine
+    cache: RequestCache
+    idle: int = 0            # KV blocks in use with no request running
+
+    def settle(self) -> None:
+        """Wait for the background write-back, so the next identical request can hit."""
+        asyncio.run(self.cache.drain())
+
+    def idle_blocks(self, expected: int, timeout: float = 10.0) -> int:
+        """Poll until no sequence holds KV blocks (aborts land on the engine thread a moment later)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            used = self.engine.stats()["kv_blocks_used"]
+            if used == expected and not self.engine.requests or time.monotonic() > deadline:
+                return used
+            time.sleep(0.05)
+
+    def http(self, key: str | None = "key-acme") -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=120)
+
+
+@contextmanager
+def start_server(settings: Settings | None = None) -> Iterator[Server]:
+    cache = RequestCache(RequestCacheConfig(), semantic=SemanticCache(HashEmbedder(), Thresholds(0.95, 0.85)))
+    engine = shared_engine()
+    app = create_app(engine, cache, auth=Auth(dict(KEYS), ADMIN), settings=settings or Settings())
+    with serve_in_thread(app) as url:
+        yield Server(url, app, engine, cache)
