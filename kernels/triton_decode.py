@@ -118,6 +118,7 @@ def paged_decode_attention(
     if batch == 0:
         return out
     assert q.stride(-1) == kv.k.stride(-1) == kv.v.stride(-1) == 1, "head_dim must be contiguous"
+    assert block_tables.stride(-1) == 1, "block-table rows must be contiguous"
     num_kv_heads, block_size = kv.k.shape[2], kv.k.shape[1]
     group = num_heads // num_kv_heads
     max_tokens = block_tables.shape[1] * block_size

@@ -75,6 +75,7 @@ def paged_prefill_attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadat
     if q.shape[0] == 0 or meta.num_prefills == 0:
         return out
     assert q.stride(-1) == kv.k.stride(-1) == kv.v.stride(-1) == 1, "head_dim must be contiguous"
+    assert meta.prefill_block_tables.stride(-1) == 1, "block-table rows must be contiguous"
     num_heads, head_dim = q.shape[1:]
     num_kv_heads, block_size = kv.k.shape[2], kv.k.shape[1]
     group = num_heads // num_kv_heads
