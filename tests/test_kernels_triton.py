@@ -106,6 +106,8 @@ def test_write_kv_matches_reference(kv_dtype, key_dtype):
     qkv = torch.randn(13, 5 * 3 * 64, generator=gen).to(key_dtype).to(DEVICE) * 3  # K/V are strided views
     key, value = qkv[:, : 3 * 64].view(13, 3, 64), qkv[:, 3 * 64: 6 * 64].view(13, 3, 64)
     key[0] = 0.0  # an all-zero row: the scale clamps instead of dividing by zero
+    key[1, 0] = 0.0
+    key[1, 0, :4] = torch.tensor([127.0, 2.5, -3.5, 0.5])  # scale 1: exact ties, which round to even
     slots = torch.randperm(8 * 16, generator=gen)[:13].to(DEVICE)
     torch_reference.write_kv(key, value, ref.layers[1], slots)
     BACKEND.write_kv(key, value, ours.layers[1], slots)
