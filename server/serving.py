@@ -3,11 +3,11 @@ the engine and hand the finished text back to the cache (write-back happens off 
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from functools import lru_cache
 
 import xxhash
 
@@ -20,7 +20,6 @@ from strata.server.sampling_params import SamplingParams
 from strata.server.sequence import Sequence
 
 SIMILAR_NOTE = "[Note: this answers a similar earlier question (similarity {:.2f}), not necessarily yours.]\n\n"
-_PIECES = re.compile(r"\s*\S+|\s+$")
 
 
 @dataclass(slots=True)
@@ -91,6 +90,9 @@ class Completer:
         self.cache = cache
         self.settings = settings
         self.model_key = model_key(self.engine)
+        # repeated questions are the cache-hit case: their templating and tokenizing must not dominate a hit
+        self.prompt_ids = lru_cache(maxsize=4096)(self._prompt_ids)
+        self.count_tokens = lru_cache(maxsize=4096)(self._count_tokens)
 
     async def answer(self, req: ChatCompletionRequest | CompletionRequest, tenant: str, cache_control: str,
                      client_id: str | None, started: float) -> Answer:
@@ -101,7 +103,7 @@ class Completer:
                                 f"'{self.engine.model_id}'", param="model", code="model_not_found")
         try:
             messages = req.plain_messages() if chat else [{"role": "user", "content": req.prompt_text()}]
-            ids = self.engine.apply_chat_template(messages) if chat else self.engine.encode(messages[0]["content"])
+            ids = self.prompt_ids(chat, tuple((m["role"], m["content"]) for m in messages))
         except ValueError as exc:
             raise APIError(400, str(exc), param="messages" if chat else "prompt") from None
         params = self._params(req, len(ids), "messages" if chat else "prompt")
@@ -117,13 +119,21 @@ class Completer:
             if self.aengine.num_pending >= self.settings.max_queue:
                 raise APIError(503, f"server overloaded: {self.aengine.num_pending} requests queued; retry shortly",
                                code="overloaded", headers={"Retry-After": "1"})
-            seq = self.engine.make_sequence(ids, params)
+            seq = self.engine.make_sequence(list(ids), params)
         except (APIError, RequestError) as exc:
             if lookup is not None:
                 lookup.fail(asyncio.CancelledError())   # release followers; nothing computed, nothing to remember
             raise exc if isinstance(exc, APIError) else APIError(400, str(exc)) from None
         answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer)
         return answer
+
+    def _prompt_ids(self, chat: bool, turns: tuple[tuple[str, str], ...]) -> tuple[int, ...]:
+        if chat:
+            return tuple(self.engine.apply_chat_template([{"role": r, "content": c} for r, c in turns]))
+        return tuple(self.engine.encode(turns[0][1]))
+
+    def _count_tokens(self, text: str) -> int:
+        return len(self.engine.tokenizer.encode(text, add_special_tokens=False)) if self.engine.tokenizer else 0
 
     def _params(self, req, prompt_tokens: int, prompt_param: str) -> SamplingParams:
         limit = self.engine.max_model_len
@@ -165,18 +175,16 @@ class Completer:
         if hit.layer == "semantic-similar" and (self.settings.similar_note if req.similar_note is None
                                                 else req.similar_note):
             text = SIMILAR_NOTE.format(hit.similarity) + text
-        answer = Answer(hit.layer, lookup.reason, hit.similarity, prompt_tokens, finish_reason="stop", started=started)
-        if self.engine.tokenizer is not None:
-            answer.completion_tokens = len(self.engine.tokenizer.encode(text, add_special_tokens=False))
-        answer.pieces = self._pieces(text, answer)
+        answer = Answer(hit.layer, lookup.reason, hit.similarity, prompt_tokens, finish_reason="stop",
+                        completion_tokens=self.count_tokens(text), started=started)
+        answer.pieces = self._whole(text, answer)
         return answer
 
     @staticmethod
-    async def _pieces(text: str, answer: Answer) -> AsyncIterator[str]:
-        """A cached answer streamed word by word, so a streaming client sees the same shape as a miss."""
-        for piece in _PIECES.findall(text):
-            answer.mark_first()
-            yield piece
+    async def _whole(text: str, answer: Answer) -> AsyncIterator[str]:
+        """A cached answer is one piece: one content chunk in a stream (fewer writes is what makes a hit fast)."""
+        answer.mark_first()
+        yield text
 
     async def _generate(self, seq: Sequence, lookup: Lookup | None, tags: tuple[str, ...],
                         answer: Answer) -> AsyncIterator[str]:

@@ -2,6 +2,12 @@
 the real default model, and all three cache layers."""
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+import tempfile
+
+import matplotlib.pyplot as plt
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -173,3 +179,38 @@ def test_metrics_parse_and_carry_families(server):
     assert kv["total"] == server.engine.stats()["kv_blocks_total"] and kv["used"] + kv["free"] == kv["total"]
     sim_count = [s.value for s in families["strata_request_cache_similarity"].samples if s.name.endswith("_count")]
     assert sim_count[0] >= 2
+
+
+CHROMIUM = shutil.which("chromium")
+
+
+def chromium(url: str, *args: str) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                               "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                               "--disable-sync", f"--user-data-dir={profile}", "--virtual-time-budget=5000",
+                               "--window-size=1200,900", *args, url],
+                              capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless test of the status page needs Debian's chromium "
+                                             "(apt-get install -y chromium)")
+def test_status_page_in_headless_chromium(server, tmp_path):
+    ask(server, FRANCE)                  # at least one exact hit to show
+    dom = chromium(server.url + "/", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+
+    def cell(id_: str) -> str:
+        return re.search(rf'id="{id_}"[^>]*>([^<]*)<', html).group(1)
+
+    assert cell("model").startswith(MODEL + "@")               # JS replaced the "…" placeholders
+    assert int(cell("kv-total")) == server.engine.stats()["kv_blocks_total"]
+    exact = re.search(r"<td>exact</td><td>(\d+)</td>", html)
+    assert exact and int(exact.group(1)) >= 1
+    assert re.search(r"<td>chat</td><td>exact</td>", html)   # recent requests with their layer
+    shot = tmp_path / "status.png"
+    res = chromium(server.url + "/", f"--screenshot={shot}")
+    assert res.returncode == 0 and shot.stat().st_size > 10_000, res.stderr[-2000:]
+    pixels = plt.imread(shot)
+    assert pixels.shape[:2] == (900, 1200) and pixels.std() > 0.05    # not a blank page

@@ -1,0 +1,189 @@
+"""HTTP load over loopback: N concurrent streaming clients ask a mix of repeated, paraphrased and new questions.
+
+Starts its own `strata serve` subprocess (real default model, request cache with the chosen embedder; its own
+process so client and server never share a GIL) on a free 127.0.0.1 port and prints JSON: p50/p95 latency (to the last SSE byte) and TTFT per cache layer, requests/s, each layer's share.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/http_load.py --clients 8 --requests 200 --max-tokens 16 \
+        --out benchmarks/results/http_load.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+COUNTRIES = ["France", "Germany", "Italy", "Spain", "Japan", "Canada", "Brazil", "Egypt", "Kenya", "Norway",
+             "Peru", "Chile", "India", "China", "Mexico", "Greece", "Turkey", "Poland", "Sweden", "Ireland"]
+ELEMENTS = ["gold", "silver", "iron", "copper", "oxygen", "hydrogen", "carbon", "sodium", "helium", "neon",
+            "zinc", "lead", "tin", "nitrogen", "calcium", "potassium", "sulfur", "argon", "mercury", "uranium"]
+BASES = [f"What is the capital of {c}?" for c in COUNTRIES] + \
+        [f"What is the chemical symbol for {e}?" for e in ELEMENTS]
+PARAPHRASES = (lambda q: q.lower().rstrip("?"),
+               lambda q: "Quick question: " + q[0].lower() + q[1:],
+               lambda q: q.replace("What is", "What's"))
+
+
+def workload(n: int, rng: random.Random) -> list[tuple[str, str]]:
+    """(intended kind, question): new first-time questions, exact repeats and paraphrases of asked ones."""
+    fresh = BASES[:]
+    rng.shuffle(fresh)
+    asked: list[str] = []
+    out = []
+    for _ in range(n):
+        r = rng.random()
+        if not asked or fresh and r < 0.3:
+            asked.append(fresh.pop())
+            out.append(("new", asked[-1]))
+        elif r < 0.75:
+            out.append(("repeat", rng.choice(asked)))
+        else:
+            out.append(("paraphrase", rng.choice(PARAPHRASES)(rng.choice(asked))))
+    return out
+
+
+async def one(http: httpx.AsyncClient, question: str, max_tokens: int) -> dict:
+    body = {"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": question}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    start = time.perf_counter()
+    ttft = None
+    reason = None
+    async with http.stream("POST", "/v1/chat/completions", json=body) as res:
+        layer = res.headers.get("x-strata-cache", f"http-{res.status_code}")
+        async for line in res.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "strata" in chunk:
+                reason = chunk["strata"]["reason"]
+            elif ttft is None and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+                ttft = time.perf_counter() - start
+    if reason == "single-flight":       # waited for an identical request in flight: not a stored answer
+        layer += " (single-flight)"
+    return {"layer": layer, "latency": time.perf_counter() - start, "ttft": ttft}
+
+
+async def drive(url: str, plan: list[tuple[str, str]], clients: int, max_tokens: int) -> tuple[list[dict], float]:
+    queue: asyncio.Queue = asyncio.Queue()
+    for item in plan:
+        queue.put_nowait(item)
+    results: list[dict] = []
+
+    async def client() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+            while not queue.empty():
+                kind, question = queue.get_nowait()
+                results.append(await one(http, question, max_tokens) | {"kind": kind, "question": question})
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return results, time.perf_counter() - start
+
+
+@contextmanager
+def strata_serve(args: argparse.Namespace) -> Iterator[str]:
+    """`strata serve` on a free loopback port with an in-memory request cache; yields the base URL once healthy."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "strata.server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--cache-db", "", "--embedder", args.embedder, "--dtype", "fp32", "--kv-cache-memory", "256MiB"]
+    if args.num_threads:
+        cmd += ["--num-threads", str(args.num_threads)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"strata serve exited: {proc.stderr.read()[-3000:]}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("strata serve did not become healthy in 300 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000 if len(values) > 1
+                 else values[0] * 1000, 2)
+
+
+def summarize(results: list[dict], wall: float) -> dict:
+    by_layer: dict[str, list[dict]] = defaultdict(list)
+    for r in results:
+        by_layer[r["layer"]].append(r)
+    layers = {}
+    for layer, rows in sorted(by_layer.items()):
+        lat = [r["latency"] for r in rows]
+        ttft = [r["ttft"] for r in rows if r["ttft"] is not None]
+        layers[layer] = {"count": len(rows), "share": round(len(rows) / len(results), 3),
+                         "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "ttft_p50_ms": pct(ttft, 50)}
+    kinds = defaultdict(Counter)
+    for r in results:
+        kinds[r["kind"]][r["layer"]] += 1
+    semantic = [r["latency"] for r in results if r["layer"] in ("semantic", "semantic-similar")]
+    return {"requests": len(results), "wall_s": round(wall, 2), "requests_per_s": round(len(results) / wall, 2),
+            "layers": layers, "intended_kind_to_layer": {k: dict(v) for k, v in kinds.items()},
+            "semantic_any_p50_ms": pct(semantic, 50)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--embedder", default="auto", help="semantic-cache embedder of `strata serve --embedder`")
+    ap.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine (EngineConfig)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--note", default="", help="free text about the machine, stored in the JSON")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    plan = workload(args.requests, random.Random(args.seed))
+    warm = [("warm-up", "Say hello."), ("warm-up", "Say hello.")]
+    with strata_serve(args) as url:
+        asyncio.run(drive(url, warm, 1, args.max_tokens))      # first model step and embedder load, not timed
+        results, wall = asyncio.run(drive(url, plan, args.clients, args.max_tokens))
+        # the same hits again, one at a time with the engine idle: the per-hit floor without decode contention
+        idle_plan = [(r["kind"], r["question"]) for r in results if r["layer"] in ("exact", "semantic", "miss")]
+        idle, idle_wall = asyncio.run(drive(url, idle_plan, 1, args.max_tokens))
+    report = {"benchmark": "http_load", "clients": args.clients, "max_tokens": args.max_tokens,
+              "engine_threads": args.num_threads,
+              "embedder": args.embedder,
+              "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                          "cpus": os.cpu_count(), "note": args.note},
+              **summarize(results, wall),
+              "idle_engine_hits": summarize(idle, idle_wall)["layers"]}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
