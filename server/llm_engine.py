@@ -122,9 +122,9 @@ class LLMEngine:
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                    chat: bool = False) -> str:
-        """Validate and queue a request; raises RequestError (and queues nothing) on bad input."""
+    def make_sequence(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                      chat: bool = False) -> Sequence:
+        """Validate and tokenize a request without touching engine state (safe from any thread)."""
         if isinstance(prompt, str) and not prompt.strip() or isinstance(prompt, list) and not prompt:
             raise RequestError("prompt is empty")
         token_ids = self.encode(prompt, chat)
@@ -135,13 +135,20 @@ class LLMEngine:
         if self.block_manager.blocks_needed(len(token_ids) + 1) > self.block_manager.num_blocks:
             raise RequestError(f"prompt has {len(token_ids)} tokens but the KV cache holds only "
                                f"{self.kv_capacity_tokens}; raise --kv-cache-memory")
-        request_id = request_id or f"req-{next(self._ids)}"
-        if request_id in self.requests:
-            raise RequestError(f"request id {request_id!r} is already in flight")
-        seq = Sequence(request_id, list(token_ids), params)
-        self.requests[request_id] = seq
+        return Sequence(request_id or f"req-{next(self._ids)}", list(token_ids), params)
+
+    def enqueue(self, seq: Sequence) -> str:
+        """Queue a validated sequence for scheduling."""
+        if seq.request_id in self.requests:
+            raise RequestError(f"request id {seq.request_id!r} is already in flight")
+        self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
-        return request_id
+        return seq.request_id
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                    chat: bool = False) -> str:
+        """Validate and queue a request; raises RequestError (and queues nothing) on bad input."""
+        return self.enqueue(self.make_sequence(prompt, params, request_id, chat))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its blocks; False when it is unknown or already done."""
@@ -154,6 +161,33 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def stats(self) -> dict[str, float]:
+        """Counters for /metrics and benchmarks: KV blocks, prefix cache, preemptions, swap traffic."""
+        bm, sched = self.block_manager, self.scheduler
+        prefix = bm.stats
+        return {
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_free": bm.num_free_blocks,
+            "kv_blocks_used": bm.num_blocks - bm.num_free_blocks,
+            "kv_blocks_cached": len(bm.cached),
+            "kv_bytes_per_token": self.kv_layout.bytes_per_token,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "swap_slots_total": self.swap_space.num_slots if self.swap_space else 0,
+            "swap_slots_free": self.swap_space.num_free_slots if self.swap_space else 0,
+            "swap_out_blocks": sched.stats.swap_outs,
+            "swap_in_blocks": sched.stats.swap_ins,
+            "preemptions_swap": sched.stats.swap,
+            "preemptions_recompute": sched.stats.recompute,
+            "prefix_cache_queries": prefix.queries,
+            "prefix_cache_hits": prefix.hits,
+            "prefix_cache_queried_tokens": prefix.queried_tokens,
+            "prefix_cache_hit_tokens": prefix.hit_tokens,
+            "num_running": len(sched.running),
+            "num_waiting": len(sched.waiting),
+            "num_swapped": len(sched.swapped),
+            "generated_tokens": self.num_generated_tokens,
+        }
 
     # -- stepping ---------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
