@@ -11,7 +11,6 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="session")
