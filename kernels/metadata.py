@@ -10,7 +10,7 @@ class LayerKV:
     """One layer's views into the paged cache; strides are arbitrary because a block spans all layers.
 
     k, v: [num_blocks, block_size, num_kv_heads, head_dim] (float, or int8 when quantized).
-    k_scale, v_scale: [num_blocks, block_size, num_kv_heads] float32 when int8, else None.
+    k_scale, v_scale: [num_blocks, block_size, num_kv_heads] float16 when int8, else None.
     """
 
     k: torch.Tensor

@@ -5,12 +5,17 @@ import torch
 from strata.kernels.metadata import AttentionMetadata, LayerKV
 
 INT8_MAX = 127.0
+MIN_ABSMAX = 1e-5  # keeps the fp16 scale of an all-zero row non-zero
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric INT8 with one scale per (token, kv-head): x [T, H, D] -> (int8 [T, H, D], scale [T, H])."""
+    """Symmetric INT8 with one fp16 scale per (token, kv-head): x [T, H, D] -> (int8 [T, H, D], scale [T, H]).
+
+    The scale is rounded to fp16 before dividing, so what is stored dequantizes exactly as it was quantized;
+    fp16 scales (not fp32) keep an INT8 block at 1.94x the tokens of bf16 for head_dim 64.
+    """
     x = x.float()
-    scale = x.abs().amax(dim=-1).clamp_min(1e-8) / INT8_MAX
+    scale = (x.abs().amax(dim=-1).clamp_min(MIN_ABSMAX) / INT8_MAX).half().float()
     q = torch.round(x / scale.unsqueeze(-1)).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
     return q, scale
 
@@ -25,8 +30,8 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv: LayerKV, slot_mapping: 
         vq, vs = quantize_int8(value)
         kv.k[blocks, offsets] = kq
         kv.v[blocks, offsets] = vq
-        kv.k_scale[blocks, offsets] = ks
-        kv.v_scale[blocks, offsets] = vs
+        kv.k_scale[blocks, offsets] = ks.to(kv.k_scale.dtype)
+        kv.v_scale[blocks, offsets] = vs.to(kv.v_scale.dtype)
     else:
         kv.k[blocks, offsets] = key.to(kv.k.dtype)
         kv.v[blocks, offsets] = value.to(kv.v.dtype)

@@ -19,11 +19,11 @@ def _round_half_even(x):
 
 @triton.jit
 def _store_rows(src, dst, scales, scale_offsets, mask, row_mask, QUANTIZED: tl.constexpr):
-    """Copy one token's [heads, head_dim] tile; INT8: symmetric, one scale per head row = absmax / 127, exactly as
-    torch_reference.quantize_int8 (IEEE division, ties to even)."""
+    """Copy one token's [heads, head_dim] tile; INT8: symmetric, one fp16 scale per head row = absmax / 127,
+    rounded to fp16 before dividing, exactly as torch_reference.quantize_int8 (IEEE division, ties to even)."""
     if QUANTIZED:
         x = tl.load(src, mask=mask, other=0.0).to(tl.float32)
-        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-8), 127.0)
+        scale = tl.math.div_rn(tl.maximum(tl.max(tl.abs(x), 1), 1e-5), 127.0).to(tl.float16).to(tl.float32)
         q = tl.minimum(tl.maximum(_round_half_even(tl.math.div_rn(x, scale[:, None])), -127.0), 127.0)
         tl.store(dst, q.to(tl.int8), mask=mask)
         tl.store(scales + scale_offsets, scale, mask=row_mask)

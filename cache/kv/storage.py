@@ -11,7 +11,7 @@ import torch
 from strata.kernels import LayerKV
 
 KV_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
-SCALE_DTYPE = torch.float32
+SCALE_DTYPE = torch.float16  # see kernels.torch_reference.quantize_int8
 
 
 @dataclass(slots=True, frozen=True)
