@@ -27,6 +27,12 @@ class RequestCacheConfig:
     negative_ttl_s: float = 2.0           # a failed computation is remembered this long (same request gets the error)
     miss_window_s: float = 10.0           # penetration guard: window for near-identical misses from one client
     miss_limit: int = 3                   # misses of one cluster per client and window before the guard marks it
+    # semantic layer (cache/request/semantic.py; per-embedder thresholds in data/semantic_thresholds.json)
+    embedder: str = "auto"                # auto (= e5-small, multilingual) | minilm | e5-small | use-multilingual | hash
+    second_stage: bool = True             # contrast verifier on the top candidates before a semantic hit is served
+    semantic_top_k: int = 5               # candidates per lookup (same partition only)
+    hnsw_min_size: int = 10_000           # a partition's exact IndexFlatIP becomes HNSW at this many entries
+    embed_cache_size: int = 4096          # LRU of recent embeddings (a request is embedded once)
     # observability
     review_size: int = 200                # ring of near-threshold semantic hits kept for human review
     review_below: float = 0.985           # a semantic hit under this similarity goes to the review ring
@@ -42,3 +48,5 @@ class RequestCacheConfig:
             raise ValueError("write_queue_size must be >= 1")
         if self.miss_limit < 1:
             raise ValueError("miss_limit must be >= 1")
+        if self.semantic_top_k < 1 or self.hnsw_min_size < 1 or self.embed_cache_size < 1:
+            raise ValueError("semantic_top_k, hnsw_min_size and embed_cache_size must be >= 1")
