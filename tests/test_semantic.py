@@ -1,11 +1,15 @@
 """Semantic cache unit tests: hash embedder (no model), faiss index behaviour, tiers, partitions, guard features."""
+import asyncio
+
 import numpy as np
 import pytest
 
 from strata.cache.request.contrast import contrast
 from strata.cache.request.embedders import HashEmbedder, load_embedder
 from strata.cache.request.index import VectorIndex
-from strata.cache.request.semantic import SemanticCache, SemanticMatch, Thresholds
+from strata.cache.request.semantic import SemanticCache, SemanticMatch, ThresholdTable, Thresholds
+from strata.cache.request.verifier import Verifier
+from strata.server.bench.cache_quality import Pair, evaluate_pairs, load_pairs, run_bypass
 
 
 def unit(rng, n, d):
@@ -131,3 +135,85 @@ def test_contrast_paraphrase_has_no_conflict():
     c = contrast("Capital of Canada", "What is the capital city of Canada?", 0.9)
     assert c.reason is None and c.as_dict()["query_unmatched"] == 0.0
     assert contrast("Capital of Canada", "Population of Canada", 0.9).as_dict()["max_unmatched"] == 0.5
+
+
+def test_threshold_table_routes_by_script():
+    table = ThresholdTable(en=Thresholds(0.99, 0.97), zh=Thresholds(0.9, 0.85))
+    assert table.for_text("how do I reset my password") is table.en
+    assert table.for_text("怎么重置密码") is table.zh
+    shipped = ThresholdTable.load("e5-small")
+    assert shipped.en.similar != shipped.zh.similar and shipped.en.verify_similar > 0
+    with pytest.raises(KeyError, match="no calibrated thresholds"):
+        ThresholdTable.load("hash")
+
+
+def test_shipped_verifier_rejects_contrasts_and_keeps_paraphrases():
+    verifier = Verifier.load("e5-small")
+    cut = ThresholdTable.load("e5-small").en.verify_similar
+    paraphrase = verifier.score("how can I enable two factor auth", "how to enable two factor auth", 0.985)
+    assert paraphrase > cut
+    assert verifier.score("how can I enable two factor auth", "how to disable two factor auth", 0.985) < cut
+    assert verifier.score("download TensorFlow 2.12 wheels", "download TensorFlow 2.13 wheels", 0.985) < cut
+    assert verifier.score("convert USD to EUR", "convert EUR to USD", 0.985) < cut
+    with pytest.raises(KeyError):
+        Verifier.load("hash")
+
+
+def test_load_pairs_formats_and_errors(tmp_path):
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"cached": "怎么改昵称", "query": "昵称在哪里改", "same": true}\n', encoding="utf-8")
+    assert load_pairs(jsonl) == [Pair("怎么改昵称", "昵称在哪里改", True, "zh")]
+    tsv = tmp_path / "p.tsv"
+    tsv.write_text("id\tsentence1\tsentence2\tlabel\n1\ta b\tb a\t0\n", encoding="utf-8")
+    assert load_pairs(tsv) == [Pair("a b", "b a", False, "en")]
+    bad = tmp_path / "p.txt"
+    bad.write_text("x")
+    with pytest.raises(ValueError, match="unknown pairs format"):
+        load_pairs(bad)
+    with pytest.raises(FileNotFoundError):
+        load_pairs(tmp_path / "missing.jsonl")
+    (tmp_path / "q.jsonl").write_text('{"cached": "a"}\n')
+    with pytest.raises(ValueError, match="lacks"):
+        load_pairs(tmp_path / "q.jsonl")
+
+
+def test_quality_bench_scores_hits_misses_and_wrong_entries():
+    pairs = [Pair("how do I sort a list in python", "how do I sort a list in python", True, "en"),
+             Pair("capital of france", "capital of france", False, "en"),          # a hit on a negative
+             Pair("weather in paris", "stock price of apple", True, "en")]         # a miss
+    result = evaluate_pairs(SemanticCache(HashEmbedder(), Thresholds(0.99, 0.9)), pairs)
+    assert (result["hit_rate"], result["false_hit_rate"], result["precision"]) == (0.5, 1.0, 0.5)
+    assert result["by_tier"]["serve"] == {"hits": 2, "correct_hits": 1, "precision": 0.5}
+    assert result["by_lang"]["en"]["pairs"] == 3
+
+
+def test_bypass_bench_serves_cacheable_and_bypasses_realtime(tmp_path):
+    path = tmp_path / "b.jsonl"
+    path.write_text('{"query": "What is the capital of France?", "why": "control"}\n'
+                    '{"query": "What time is it in Tokyo right now?", "why": "realtime"}\n')
+    out = asyncio.run(run_bypass(path, SemanticCache(HashEmbedder(), Thresholds(0.99, 0.95))))
+    assert out["by_why"] == {"control": {"queries": 1, "bypass_rate": 0.0}, "realtime": {"queries": 1, "bypass_rate": 1.0}}
+    assert out["written"] == 1 and out["bypass_rate"] == 0.5
+
+
+@pytest.mark.parametrize("name,query,paraphrase,negative", [
+    ("e5-small", "如何绑定银行卡", "银行卡怎么绑定到账户上", "如何解绑银行卡"),
+    ("use-multilingual", "how do I reset my password", "how can I change my password", "how do I reset my API key"),
+    ("minilm", "how do I reset my password", "how can I change my password", "how do I reset my API key"),
+])
+def test_real_embedder_ranks_paraphrase_above_hard_negative(name, query, paraphrase, negative):
+    cache = SemanticCache.create(name)
+    cache.add("neg", negative, "p")
+    cache.add("pos", paraphrase, "p")
+    (best, s1, _), (_, s2, _) = cache.candidates(query, "p")
+    assert best == "pos" and s1 > s2 and cache.embedder.dim == len(cache.embed(query))
+
+
+def test_from_config_builds_the_configured_layer():
+    from strata.cache.request.config import RequestCacheConfig
+
+    cache = SemanticCache.from_config(RequestCacheConfig(embedder="e5-small", second_stage=False, semantic_top_k=3))
+    assert cache.embedder.name == "e5-small" and cache.verifier is None and cache.top_k == 3
+    assert cache.thresholds == ThresholdTable.load("e5-small", verified=False)
+    with pytest.raises(ValueError):
+        RequestCacheConfig(semantic_top_k=0)

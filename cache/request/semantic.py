@@ -5,6 +5,7 @@ import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from cachetools import LRUCache
@@ -13,6 +14,9 @@ from .contrast import is_cjk
 from .embedders import Embedder
 from .index import VectorIndex
 from .verifier import Verifier
+
+if TYPE_CHECKING:
+    from .config import RequestCacheConfig
 
 THRESHOLDS_PATH = Path(__file__).with_name("data") / "semantic_thresholds.json"
 
@@ -83,7 +87,7 @@ class SemanticCache:
     """Nearest-neighbour lookup of earlier questions, one faiss index per partition so partitions never starve each other."""
 
     def __init__(self, embedder: Embedder, thresholds: Thresholds | ThresholdTable, verifier: Verifier | None = None, *,
-                 top_k: int = 5, hnsw_min_size: int = 20_000, embed_cache_size: int = 4096):
+                 top_k: int = 5, hnsw_min_size: int = 10_000, embed_cache_size: int = 4096):
         if top_k < 1:
             raise ValueError("top_k must be >= 1")
         self.embedder = embedder
@@ -104,6 +108,12 @@ class SemanticCache:
         model = load_embedder(embedder)
         verifier = Verifier.load(model.name) if verified else None
         return cls(model, ThresholdTable.load(model.name, verified), verifier, **kwargs)
+
+    @classmethod
+    def from_config(cls, config: "RequestCacheConfig") -> "SemanticCache":
+        """The semantic layer a RequestCacheConfig describes."""
+        return cls.create(config.embedder, config.second_stage, top_k=config.semantic_top_k,
+                          hnsw_min_size=config.hnsw_min_size, embed_cache_size=config.embed_cache_size)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -125,26 +125,31 @@ def evaluate_pairs(cache: SemanticCache, pairs: list[Pair]) -> dict:
     return score(answer_pairs(cache, pairs))
 
 
-async def _bypass(path: Path) -> dict:
-    from strata.cache.request.request_cache import CacheRequest, RequestCache  # the facade (issue 5, other half)
+async def run_bypass(path: Path, semantic: SemanticCache) -> dict:
+    """Ask each query twice through the full RequestCache (policy, exact, semantic, write-back)."""
+    from strata.cache.request.config import RequestCacheConfig
+    from strata.cache.request.request_cache import CacheRequest, RequestCache
 
     rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    cache = RequestCache()
+    if not rows or not all("query" in r for r in rows):
+        raise ValueError(f"{path}: expected JSONL lines with a 'query'")
+    cache = RequestCache(RequestCacheConfig(), semantic=semantic)
     try:
-        not_served = 0
+        by_why: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for i, row in enumerate(rows):
             req = CacheRequest(tenant="default", model="bench@0", messages=[{"role": "user", "content": row["query"]}],
                                sampling={"temperature": 0})
             await cache.get_or_compute(req, lambda i=i: _answer(i))
             await cache.drain()
             _, second = await cache.get_or_compute(req, lambda i=i: _answer(i))
-            not_served += second.hit is None
-        await cache.drain()
-        stats = cache.stats()
-        return {"queries": len(rows), "bypass_rate": round(not_served / len(rows), 4) if rows else None,
-                "written": stats.get("written", stats.get("writes")), "stats": stats}
+            by_why[row.get("why", "")][0] += 1
+            by_why[row.get("why", "")][1] += second.hit is None
+        written = cache.stats()["entries"]["store"]
     finally:
         cache.close()
+    not_served = sum(n for _, n in by_why.values())
+    return {"queries": len(rows), "bypass_rate": round(not_served / len(rows), 4), "written": written,
+            "by_why": {why: {"queries": q, "bypass_rate": round(n / q, 4)} for why, (q, n) in sorted(by_why.items())}}
 
 
 async def _answer(i: int) -> str:
@@ -163,7 +168,7 @@ def run_cache_quality(pairs: Path | None = None, bypass: Path | None = None, emb
         result.update({"file": str(pairs), "embedder": cache.embedder.name, "second_stage": second_stage,
                        "top_k": top_k, "thresholds": _thresholds(cache)})
     if bypass is not None:
-        result["bypass"] = asyncio.run(_bypass(bypass))
+        result["bypass"] = asyncio.run(run_bypass(bypass, SemanticCache.create(embedder, verified=second_stage, top_k=top_k)))
         result.update(bypass_rate=result["bypass"]["bypass_rate"], written=result["bypass"]["written"])
     return result
 
