@@ -18,7 +18,7 @@ from strata.server.config import EngineConfig, kv_cache_bytes
 from strata.server.detokenizer import Detokenizer
 from strata.server.model_runner import ModelRunner
 from strata.server.sampling_params import SamplingParams
-from strata.server.scheduler import Scheduler
+from strata.server.scheduler import ScheduledBatch, Scheduler
 from strata.server.sequence import Sequence
 
 
@@ -259,6 +259,29 @@ class LLMEngine:
             num_cached_tokens=seq.num_cached_tokens,
             ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
         )
+
+    @torch.inference_mode()
+    def perplexity(self, token_ids: list[int], chunk_size: int = 256) -> float:
+        """Perplexity of a text through the paged cache, in prefill chunks: every attention read after the first
+        chunk goes through the stored (possibly INT8) KV, as in serving."""
+        if self.has_unfinished():
+            raise RuntimeError("perplexity needs an idle engine")
+        if len(token_ids) + 1 > min(self.max_model_len, self.kv_capacity_tokens):
+            raise RequestError(f"text of {len(token_ids)} tokens does not fit the context or the KV cache")
+        seq = Sequence("perplexity", list(token_ids), SamplingParams(max_tokens=1))
+        self.block_manager.allocate(seq, len(token_ids))
+        nll, count = 0.0, 0
+        try:
+            for start in range(0, len(token_ids) - 1, chunk_size):
+                n = min(chunk_size, len(token_ids) - 1 - start)
+                hidden, _, _ = self.runner.forward(ScheduledBatch(prefills=[(seq, n)]))
+                logits = self.model.compute_logits(hidden).float()
+                targets = torch.tensor(token_ids[start + 1:start + 1 + n], device=logits.device)
+                nll += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+                count += n
+        finally:
+            self.block_manager.free_sequence(seq)
+        return float(torch.exp(torch.tensor(nll / count)))
 
     def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams],
                  chat: bool = False, use_tqdm: bool = False) -> list[RequestOutput]:

@@ -29,6 +29,15 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int]]:
         """Run one step; return the sequences that reached their last known token and their next tokens."""
+        hidden, sample_rows, sampled = self.forward(batch)
+        if not sampled:
+            return [], []
+        logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
+        return sampled, sample(logits, sampled)
+
+    @torch.inference_mode()
+    def forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int], list[Sequence]]:
+        """Copy blocks, run the model over the batch; return hidden states and the rows that end a sequence."""
         self.copy_blocks(batch)
         input_ids, positions, slots, sample_rows, sampled = [], [], [], [], []
         cu_seqlens, prefill_lens, prefill_tables = [0], [], []
@@ -73,10 +82,7 @@ class ModelRunner:
             seq.num_computed_tokens += n
         for seq in batch.decodes:
             seq.num_computed_tokens += 1
-        if not sampled:
-            return [], []
-        logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
-        return sampled, sample(logits, sampled)
+        return hidden, sample_rows, sampled
 
     def _tensor(self, values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=self.device)
