@@ -92,6 +92,14 @@ def test_paraphrase_is_a_semantic_hit_with_note_switchable(server):
     assert out.choices[0].message.content.startswith(NOTE_START)
     _, _, plain = ask(server, "What is the capital city of France?", extra_body={"similar_note": False})
     assert not plain.choices[0].message.content.startswith(NOTE_START)
+    settings = server.app.state.settings          # --no-similar-note: off for the server, a request may opt in
+    settings.similar_note = False
+    try:
+        assert not ask(server, "What is the capital city of France?")[2].choices[0].message.content.startswith(NOTE_START)
+        opted = ask(server, "What is the capital city of France?", extra_body={"similar_note": True})[2]
+        assert opted.choices[0].message.content.startswith(NOTE_START)
+    finally:
+        settings.similar_note = True
     with server.http(ADMIN) as http:
         review = http.get("/admin/cache/review").json()["data"]
     assert review[0]["tier"] == "similar" and review[0]["query"] == "What is the capital city of France?"

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
+import torch
 
 from strata.cache.request.embedders import HashEmbedder
 from strata.cache.request.request_cache import RequestCache, RequestCacheConfig
@@ -63,6 +64,19 @@ class Server:
 
 @contextmanager
 def start_server(settings: Settings | None = None) -> Iterator[Server]:
+    """One torch thread while the server runs (restored after): on 2 shared cores, 2 spinning OpenMP threads
+    made an 8-token answer ~5x slower than 1 thread, and the HTTP event loop needs a core too."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with _serve(settings) as server:
+            yield server
+    finally:
+        torch.set_num_threads(threads)
+
+
+@contextmanager
+def _serve(settings: Settings | None) -> Iterator[Server]:
     cache = RequestCache(RequestCacheConfig(), semantic=SemanticCache(HashEmbedder(), Thresholds(0.95, 0.85)))
     engine = shared_engine()
     app = create_app(engine, cache, auth=Auth(dict(KEYS), ADMIN), settings=settings or Settings())
