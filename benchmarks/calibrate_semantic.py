@@ -32,6 +32,7 @@ TARGETS = {"en_hard_pairs.csv": 0.98, "zh_faq_pairs.jsonl": 0.98, "en_paraphrase
 # shared, so every threshold set is fitted on more than one file's evidence.
 LANG_SETS = {"en": ("en_hard_pairs.csv", "en_paraphrases_gptcache.json"), "zh": ("zh_faq_pairs.jsonl",)}
 SERVE_TARGET = 0.995   # precision of the plain "serve" tier
+SWEEP = (0.80, 0.85, 0.90, 0.92, 0.94, 0.96, 0.98, 0.99)
 RESULTS = Path(__file__).parent / "results" / "semantic_calibration.json"
 
 
@@ -46,7 +47,7 @@ class Grid:
         for i, s in enumerate(scored):
             for j, (eid, sim, cached, feats) in enumerate(s.candidates):
                 self.sim[i, j] = sim
-                self.p[i, j] = verifier.probability(feats) if verifier else 1.0
+                self.p[i, j] = verifier.judge(feats) if verifier else 1.0
                 self.correct[i, j] = s.pair.same and eid == s.pair.cached
         self.positives = max(sum(s.pair.same for s in scored), 1)
 
@@ -151,11 +152,15 @@ def main() -> None:
             entry[mode] = {lang: {"serve": x.serve, "similar": x.similar, "verify_serve": x.verify_serve,
                                   "verify_similar": x.verify_similar} for lang, x in (("en", t.en), ("zh", t.zh))}
             result[mode] = {"thresholds": entry[mode], "files": measure(name, t, ver, emb)}
+        no_verifier = {d: Grid(rows[d], None) for d in DATASETS}
+        result["cosine_sweep_full_files"] = {  # single-threshold baseline, as in /work/shared/datasets/README.md
+            d: {f"{c:.2f}": dict(zip(("hit_rate", "precision"), np.round(g.rates(c, 0.0), 4).tolist()))
+                for c in SWEEP} for d, g in no_verifier.items()}
         table[emb.name] = entry
         report["embedders"][emb.name] = result
         print(json.dumps({emb.name: {mode: {"thresholds": r["thresholds"], **{
             d: {f"{s}_{k}": r["files"][d][s][k] for s in ("full", "held_out") for k in ("hit_rate", "precision")}
-            for d in DATASETS}} for mode, r in result.items()}, "seconds": round(time.time() - t0)}, indent=1))
+            for d in DATASETS}} for mode, r in result.items() if mode != "cosine_sweep_full_files"}, "seconds": round(time.time() - t0)}, indent=1))
     THRESHOLDS_PATH.write_text(json.dumps(table, indent=1) + "\n")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")

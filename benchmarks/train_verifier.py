@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.cache.request.contrast import FEATURES, contrast
+from strata.cache.request.contrast import FEATURES, Contrast, contrast
 from strata.cache.request.embedders import load_embedder
 from strata.cache.request.semantic import SemanticCache, Thresholds
 from strata.cache.request.verifier import WEIGHTS_PATH
@@ -70,10 +70,10 @@ class DiskCachedEmbedder:
 
 @dataclass(slots=True)
 class Scored:
-    """One query of one pair with its top-k candidates: (entry id, cosine, cached text, feature values)."""
+    """One query of one pair with its top-k candidates: (entry id, cosine, cached text, contrast)."""
 
     pair: Pair
-    candidates: list[tuple[str, float, str, list[float]]]
+    candidates: list[tuple[str, float, str, Contrast]]
 
 
 def candidate_rows(embedder: DiskCachedEmbedder, dataset: str, top_k: int = TOP_K) -> list[Scored]:
@@ -82,14 +82,16 @@ def candidate_rows(embedder: DiskCachedEmbedder, dataset: str, top_k: int = TOP_
     cache = SemanticCache(embedder, Thresholds(serve=1.0, similar=-1.0), top_k=top_k)
     queries = fill(cache, pairs)
     found = {q: cache.candidates(q, PARTITION, vec) for q, vec in queries.items()}
-    feats = {(q, cached): contrast(q, cached, sim).values for q, cands in found.items() for _, sim, cached in cands}
+    feats = {(q, cached): contrast(q, cached, sim) for q, cands in found.items() for _, sim, cached in cands}
     return [Scored(p, [(eid, sim, cached, feats[p.query, cached]) for eid, sim, cached in found[p.query]]) for p in pairs]
 
 
 def to_xy(scored: list[Scored], top_k: int = TOP_K) -> tuple[np.ndarray, np.ndarray]:
-    """Feature rows and labels (1 = the pair's own question and same=true) of each query's first top_k candidates."""
-    x = [f for s in scored for _, _, _, f in s.candidates[:top_k]]
-    y = [float(s.pair.same and eid == s.pair.cached) for s in scored for eid, _, _, _ in s.candidates[:top_k]]
+    """Feature rows and labels (1 = the pair's own question and same=true) of each query's first top_k candidates
+    that pass the contrast guard: the verifier only ever judges those."""
+    rows = [(c, s.pair.same and eid == s.pair.cached) for s in scored for eid, _, _, c in s.candidates[:top_k]]
+    x = [c.values for c, _ in rows if not c.conflict]
+    y = [float(label) for c, label in rows if not c.conflict]
     return np.asarray(x, dtype=np.float64).reshape(-1, len(FEATURES)), np.asarray(y)
 
 

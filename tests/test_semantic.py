@@ -133,7 +133,7 @@ def test_contrast_flags_what_cosine_misses(query, cached, feature):
 
 def test_contrast_paraphrase_has_no_conflict():
     c = contrast("Capital of Canada", "What is the capital city of Canada?", 0.9)
-    assert c.reason is None and c.as_dict()["query_unmatched"] == 0.0
+    assert c.conflict is None and c.as_dict()["query_unmatched"] == 0.0
     assert contrast("Capital of Canada", "Population of Canada", 0.9).as_dict()["max_unmatched"] == 0.5
 
 

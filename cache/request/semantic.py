@@ -99,6 +99,7 @@ class SemanticCache:
         self._indexes: dict[str, VectorIndex] = {}
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.RLock()
+        self._encode_lock = threading.Lock()
 
     @classmethod
     def create(cls, embedder: str = "auto", verified: bool = True, **kwargs) -> "SemanticCache":
@@ -126,7 +127,8 @@ class SemanticCache:
             hit = self._embeddings.get(text)
         if hit is not None:
             return hit
-        vec = np.asarray(self.embedder.encode([text])[0], dtype=np.float32)
+        with self._encode_lock:  # each encode already fans out over the cores (OpenMP/torch): one at a time
+            vec = np.asarray(self.embedder.encode([text])[0], dtype=np.float32)
         vec.setflags(write=False)
         with self._lock:
             self._embeddings[text] = vec

@@ -1,4 +1,5 @@
-"""Second stage of a semantic lookup: a logistic regression over contrast features says "same question?"."""
+"""Second stage of a semantic lookup: the contrast guard vetoes hard conflicts, then a logistic regression over
+contrast features says "same question?"."""
 from __future__ import annotations
 
 import json
@@ -6,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .contrast import FEATURES, contrast
+from .contrast import FEATURES, Contrast, contrast
 
 WEIGHTS_PATH = Path(__file__).with_name("data") / "verifier_weights.json"
 
@@ -37,6 +38,10 @@ class Verifier:
         z = self.intercept + sum(c * (v - m) / s for c, v, m, s in zip(self.coef, values, self.mean, self.scale))
         return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
 
+    def judge(self, pair: Contrast) -> float:
+        """The contrast guard, then the model: 0 on a hard conflict (numbers, antonyms, direction, time), else P(same)."""
+        return 0.0 if pair.conflict else self.probability(pair.values)
+
     def score(self, query: str, cached: str, cosine: float) -> float:
-        """P(same question) for a query and a cached question found at this cosine."""
-        return self.probability(contrast(query, cached, cosine).values)
+        """Guarded P(same question) for a query and a cached question found at this cosine."""
+        return self.judge(contrast(query, cached, cosine))

@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import csv
 import json
+import os
+import platform
 import re
 import sys
 from collections import defaultdict
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from strata.cache.request.semantic import SemanticCache, SemanticMatch
+from strata.cache.request.semantic import SemanticCache, SemanticMatch, ThresholdTable
 
 PARTITION = "bench"
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
@@ -166,7 +168,8 @@ def run_cache_quality(pairs: Path | None = None, bypass: Path | None = None, emb
         cache = SemanticCache.create(embedder, verified=second_stage, top_k=top_k)
         result.update(evaluate_pairs(cache, load_pairs(pairs)))
         result.update({"file": str(pairs), "embedder": cache.embedder.name, "second_stage": second_stage,
-                       "top_k": top_k, "thresholds": _thresholds(cache)})
+                       "top_k": top_k, "thresholds": _thresholds(cache),
+                       "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU"})
     if bypass is not None:
         result["bypass"] = asyncio.run(run_bypass(bypass, SemanticCache.create(embedder, verified=second_stage, top_k=top_k)))
         result.update(bypass_rate=result["bypass"]["bypass_rate"], written=result["bypass"]["written"])
@@ -175,10 +178,9 @@ def run_cache_quality(pairs: Path | None = None, bypass: Path | None = None, emb
 
 def _thresholds(cache: SemanticCache) -> dict:
     t = cache.thresholds
-    out = {"serve": t.serve, "similar": t.similar}
-    if cache.verifier is not None:
-        out.update(verify_serve=t.verify_serve, verify_similar=t.verify_similar)
-    return out
+    sets = {"en": t.en, "zh": t.zh} if isinstance(t, ThresholdTable) else {"all": t}
+    keys = ("serve", "similar", "verify_serve", "verify_similar") if cache.verifier else ("serve", "similar")
+    return {lang: {k: getattr(x, k) for k in keys} for lang, x in sets.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
