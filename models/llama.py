@@ -5,7 +5,7 @@ from torch import nn
 
 from strata.kernels import AttentionBackend, AttentionMetadata, LayerKV
 from strata.models.config import ModelConfig
-from strata.models.rope import RotaryEmbedding
+from strata.models.rope import RotaryEmbedding, apply_rope
 
 
 class RMSNorm(nn.Module):
@@ -26,7 +26,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """GQA attention: q/k/v in one matmul; only the KV heads are stored in the cache."""
 
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * self.head_dim
@@ -34,16 +34,16 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
-        self.rope = rope
 
     def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, backend: AttentionBackend
+        self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, kv: LayerKV, meta: AttentionMetadata,
+        backend: AttentionBackend,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rope(positions, q, k)
+        q, k = apply_rope(q, k, *rope)
         backend.write_kv(k, v, kv, meta.slot_mapping)
         num_prefill = meta.num_prefill_tokens
         if num_prefill == q.shape[0]:
@@ -72,24 +72,24 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.self_attn = Attention(cfg, rope)
+        self.self_attn = Attention(cfg)
         self.mlp = MLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, positions, x, kv, meta, backend) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv, meta, backend)
+    def forward(self, rope, x, kv, meta, backend) -> torch.Tensor:
+        x = x + self.self_attn(rope, self.input_layernorm(x), kv, meta, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int):
         super().__init__()
-        rope = RotaryEmbedding(cfg, max_positions)
+        self.rope = RotaryEmbedding(cfg, max_positions)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, rope) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -113,8 +113,9 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
+        rope = self.model.rope.lookup(positions, x.dtype)
         for layer, kv in zip(self.model.layers, kv_layers):
-            x = layer(positions, x, kv, meta, backend)
+            x = layer(rope, x, kv, meta, backend)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -86,9 +86,7 @@ class LLMEngine:
     def _resize_rope(self, max_positions: int) -> None:
         from strata.models.rope import RotaryEmbedding
 
-        rope = RotaryEmbedding(self.model.config, max_positions).to(self.device)
-        for layer in self.model.model.layers:
-            layer.self_attn.rope = rope
+        self.model.model.rope = RotaryEmbedding(self.model.config, max_positions).to(self.device)
 
     def _load_tokenizer(self):
         from transformers import AutoTokenizer
