@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install serve test bench
+.PHONY: install serve test chromium
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,5 +21,9 @@ install: $(STAMP)
 serve: install
 	$(VENV)/bin/strata serve --host 127.0.0.1 --port 8000
 
-test: install
+# The status-page test drives Debian's headless chromium; install it when missing (CI runs as root).
+chromium:
+	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: install chromium
 	$(PY) -m pytest -q -p no:cacheprovider
