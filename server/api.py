@@ -150,19 +150,21 @@ async def _events(shape: Shape, answer: Answer, include_usage: bool, metrics: Me
         metrics.observe(endpoint, answer, status)
 
 
-def build_cache(db_path: str | None, embedder: str, verified: bool = True) -> RequestCache:
+def build_cache(db_path: str | None, embedder: str, verifier: bool = True) -> RequestCache:
     """The request cache from flags; a semantic layer that cannot load degrades to exact-only, loudly."""
+    config = RequestCacheConfig(db_path=db_path, embedder=embedder if embedder != "none" else "auto",
+                                second_stage=verifier)
     semantic = None
     if embedder != "none":
         from strata.cache.request.semantic import SemanticCache
 
         try:
-            semantic = SemanticCache.create(embedder, verified=verified)
+            semantic = SemanticCache.from_config(config)
         except (OSError, KeyError, ValueError) as exc:
             log.warning("semantic cache off (%s: %s); serving with the exact layer only", type(exc).__name__, exc)
     if db_path:
         Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    return RequestCache(RequestCacheConfig(db_path=db_path), semantic=semantic)
+    return RequestCache(config, semantic=semantic)
 
 
 def run_server(engine_config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, *, auth: Auth | None = None,

@@ -7,14 +7,14 @@ import json
 import openai
 import pytest
 
-from test_http_harness import MODEL, start_server
+from test_http_harness import MODEL, hash_semantic, start_server
 
 CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(scope="module")
 def server():
-    with start_server() as srv:
+    with start_server(hash_semantic()) as srv:
         srv.idle = srv.engine.stats()["kv_blocks_used"]
         yield srv
 

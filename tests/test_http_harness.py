@@ -1,8 +1,7 @@
 """Shared by the HTTP test modules: one engine per test session, one uvicorn server per module (no tests here).
 
-The semantic layer uses the "hash" test embedder with fixed thresholds: the shipped default embedder's calibrated
-thresholds (cache/request/data/semantic_thresholds.json) are not in the tree yet, and the hash embedder makes the
-paraphrase cases deterministic.
+Semantic layers: the shipped default (real embedder, calibrated thresholds, verifier) for the end-to-end module;
+the "hash" test embedder with fixed thresholds where a test needs a given tier (semantic vs semantic-similar).
 """
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
+import openai
 import torch
 
 from strata.cache.request.embedders import HashEmbedder
@@ -62,23 +62,49 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
 
+def default_semantic() -> SemanticCache:
+    return SemanticCache.from_config(RequestCacheConfig())
+
+
+def hash_semantic() -> SemanticCache:
+    """Deterministic tiers: cosine >= 0.95 serves, >= 0.85 serves with the similar-question note."""
+    return SemanticCache(HashEmbedder(), Thresholds(0.95, 0.85))
+
+
 @contextmanager
-def start_server(settings: Settings | None = None) -> Iterator[Server]:
+def start_server(semantic: SemanticCache, settings: Settings | None = None) -> Iterator[Server]:
     """One torch thread while the server runs (restored after): on 2 shared cores, 2 spinning OpenMP threads
     made an 8-token answer ~5x slower than 1 thread, and the HTTP event loop needs a core too."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with _serve(settings) as server:
+        with _serve(semantic, settings) as server:
             yield server
     finally:
         torch.set_num_threads(threads)
 
 
 @contextmanager
-def _serve(settings: Settings | None) -> Iterator[Server]:
-    cache = RequestCache(RequestCacheConfig(), semantic=SemanticCache(HashEmbedder(), Thresholds(0.95, 0.85)))
+def _serve(semantic: SemanticCache, settings: Settings | None) -> Iterator[Server]:
+    cache = RequestCache(RequestCacheConfig(), semantic=semantic)
     engine = shared_engine()
     app = create_app(engine, cache, auth=Auth(dict(KEYS), ADMIN), settings=settings or Settings())
     with serve_in_thread(app) as url:
         yield Server(url, app, engine, cache)
+
+
+def client(server: Server, key: str = "key-acme") -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def ask(server: Server, question: str, key: str = "key-acme", **extra):
+    """One greedy chat request; returns (layer header, similarity header, parsed completion)."""
+    raw = client(server, key).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=8, temperature=0, **extra)
+    return raw.headers["x-strata-cache"], raw.headers.get("x-strata-similarity"), raw.parse()
+
+
+def admin(server: Server, path: str, **kwargs) -> httpx.Response:
+    """An admin call: POST when it carries a body, else GET."""
+    with server.http(ADMIN) as http:
+        return http.request("POST" if "json" in kwargs or "content" in kwargs else "GET", path, **kwargs)
