@@ -117,6 +117,16 @@ def test_oversize_body(server):
             {"role": "user", "content": "x" * (limit + 1)}]}), headers={"content-type": "application/json"})
     error_of(res, 413, "request_too_large")
 
+    def chunks():                               # no Content-Length: the cap applies while reading
+        yield b'{"model": "' + MODEL.encode() + b'", "messages": [{"role": "user", "content": "'
+        for _ in range(limit // 65536 + 1):
+            yield b"x" * 65536
+        yield b'"}]}'
+
+    with server.http() as http:
+        error_of(http.post(CHAT, content=chunks(), headers={"content-type": "application/json"}), 413,
+                 "request_too_large")
+
 
 def test_overload_answers_503_with_retry_after_but_hits_still_serve(server):
     question = {"messages": [{"role": "user", "content": "What is two plus two?"}], "temperature": 0}
