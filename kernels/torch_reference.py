@@ -49,52 +49,56 @@ def gather_kv(kv: LayerKV, block_table: torch.Tensor, dtype: torch.dtype) -> tup
     return k.reshape(shape), v.reshape(shape)
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Attention math runs in the query's dtype, except fp16, which CPUs only emulate (slowly)."""
+    return torch.float32 if dtype == torch.float16 else dtype
+
+
 def paged_decode_attention(
     q: torch.Tensor, kv: LayerKV, block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """One query token per sequence: q [B, Hq, D] -> [B, Hq, D]; query heads grouped over their KV head (GQA)."""
+    """One query token per sequence: q [B, Hq, D] -> [B, Hq, D].
+
+    GQA without copies: the G query heads of a KV head are G "query rows" against that head's keys, so one fused
+    SDPA call per batch covers every group.
+    """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = kv.k.shape[2]
-    group = num_heads // num_kv_heads
     block_size = kv.k.shape[1]
-    max_len = int(context_lens.max())
-    used_blocks = (max_len + block_size - 1) // block_size
-    compute = torch.float32 if q.dtype != torch.float64 else torch.float64
-    k, v = gather_kv(kv, block_tables[:, :used_blocks], compute)  # [B, L, Hkv, D]
-    qg = q.to(compute).view(batch, num_kv_heads, group, head_dim)
-    scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * scale
-    positions = torch.arange(k.shape[1], device=q.device)
-    mask = positions[None, :] >= context_lens[:, None]
-    scores.masked_fill_(mask[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("bhgl,blhd->bhgd", probs, v)
+    used_blocks = (int(context_lens.max()) + block_size - 1) // block_size
+    dtype = compute_dtype(q.dtype)
+    k, v = gather_kv(kv, block_tables[:, :used_blocks], dtype)  # [B, L, Hkv, D]
+    qg = q.to(dtype).view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    valid = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :], scale=scale
+    )
     return out.reshape(batch, num_heads, head_dim).to(q.dtype)
 
 
 def paged_prefill_attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Chunks of new tokens ([T, Hq, D]) against their cached prefix plus themselves, causally."""
     out = torch.empty_like(q)
-    num_heads, head_dim = q.shape[1:]
+    num_heads = q.shape[1]
     num_kv_heads = kv.k.shape[2]
     block_size = kv.k.shape[1]
     cu = meta.prefill_cu_seqlens_q_host
-    compute = torch.float32 if q.dtype != torch.float64 else torch.float64
+    dtype = compute_dtype(q.dtype)
     for i, context_len in enumerate(meta.prefill_context_lens_host):
         start, end = cu[i], cu[i + 1]
         q_len = end - start
         used_blocks = (context_len + block_size - 1) // block_size
-        k, v = gather_kv(kv, meta.prefill_block_tables[i, :used_blocks], compute)
+        k, v = gather_kv(kv, meta.prefill_block_tables[i, :used_blocks], dtype)
         k, v = k[:context_len], v[:context_len]
-        if num_kv_heads != num_heads:
-            k = k.repeat_interleave(num_heads // num_kv_heads, dim=1)
-            v = v.repeat_interleave(num_heads // num_kv_heads, dim=1)
-        # Query j sits at absolute position context_len - q_len + j and sees keys up to it.
-        q_pos = torch.arange(context_len - q_len, context_len, device=q.device)
-        k_pos = torch.arange(context_len, device=q.device)
-        mask = k_pos[None, :] <= q_pos[:, None]
+        # Query j sits at absolute position context_len - q_len + j and sees keys up to it; without a cached
+        # prefix that is plain causal attention, which SDPA runs without materializing a mask.
+        mask = None
+        if q_len != context_len:
+            q_pos = torch.arange(context_len - q_len, context_len, device=q.device)
+            mask = torch.arange(context_len, device=q.device)[None, :] <= q_pos[:, None]
         o = torch.nn.functional.scaled_dot_product_attention(
-            q[start:end].to(compute).transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-            attn_mask=mask, scale=scale,
+            q[start:end].to(dtype).transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+            attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=num_kv_heads != num_heads,
         )
         out[start:end] = o.transpose(0, 1).to(q.dtype)
     return out
