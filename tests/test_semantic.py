@@ -124,11 +124,20 @@ def test_embedding_is_computed_once():
     ("convert USD to EUR", "convert EUR to USD", "direction_swap"),
     ("is python slow", "is python not slow", "negation_mismatch"),
     ("price of iphone 16 (latest)", "price of iphone 16 in 2023", "temporal_mismatch"),
+    ("从上海到杭州坐高铁要多久", "从北京到上海坐高铁要多久", "endpoint_mismatch"),
+    ("张三把李四送到了医院", "李四把张三送到了医院", "cjk_reordered"),
 ])
 def test_contrast_flags_what_cosine_misses(query, cached, feature):
     assert contrast(query, cached, 0.95).as_dict()[feature] == 1.0
     same = contrast(query, query, 0.95).as_dict()
     assert same[feature] == 0.0 and same["content_jaccard"] == 1.0
+
+
+def test_guard_vetoes_conflicts_even_at_high_cosine():
+    verifier = Verifier.load("e5-small")
+    assert contrast("张三把李四送到了医院", "李四把张三送到了医院", 0.99).conflict == "cjk_reordered"
+    assert verifier.score("张三把李四送到了医院", "李四把张三送到了医院", 0.99) == 0.0
+    assert verifier.score("nginx vs apache for static files", "apache vs nginx for static files", 0.99) > 0.0
 
 
 def test_contrast_paraphrase_has_no_conflict():
