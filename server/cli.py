@@ -163,6 +163,74 @@ def bench_throughput(
     typer.echo(text)
 
 
+def _emit(result, as_json: bool, out: Path | None) -> None:
+    """Print the JSON (one line with --json) and also write it to `out`."""
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    typer.echo(json.dumps(result, indent=None if as_json else 2))
+
+
+@bench_app.command("kv", context_settings=ENGINE_ARGS, epilog=_engine_flags_help())
+def bench_kv(
+    ctx: typer.Context,
+    num_requests: int = typer.Option(24),
+    system_tokens: int = typer.Option(128, help="Tokens of the system prompt every request shares."),
+    min_prompt: int = typer.Option(16, help="Fewest tokens of a request's own prompt."),
+    max_prompt: int = typer.Option(48),
+    output_tokens: int = typer.Option(32),
+    ppl_tokens: int = typer.Option(512, help="Tokens of the public-domain text scored per (block_size, kv_dtype)."),
+    seed: int = typer.Option(0),
+    as_json: bool = typer.Option(False, "--json"),
+    plot: Path | None = typer.Option(None, help="Write a PNG of tok/s and KV capacity per setting here."),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """Sweep block size, KV dtype, swap and prefix caching on one small KV pool (default 32MiB) that requests
+    oversubscribe."""
+    import os
+
+    from strata.server.bench.kv import plot_sweep, run_kv_sweep, sweep_report
+
+    load_at_start = os.getloadavg()
+    config = engine_config_from_args(ctx.args, kv_cache_memory="32MiB")
+    workload = dict(num_requests=num_requests, system_tokens=system_tokens, unique_range=(min_prompt, max_prompt),
+                    output_tokens=output_tokens, ppl_tokens=ppl_tokens, seed=seed)
+    rows = run_kv_sweep(config, **workload)
+    if plot:
+        plot_sweep(rows, plot)
+    _emit(sweep_report(rows, config, load_at_start, **workload), as_json, out)
+
+
+@bench_app.command("prefix", context_settings=ENGINE_ARGS, epilog=_engine_flags_help())
+def bench_prefix(
+    ctx: typer.Context,
+    num_requests: int = typer.Option(16),
+    system_tokens: int = typer.Option(1024, help="Tokens of the system prompt every request shares."),
+    seed: int = typer.Option(0),
+    as_json: bool = typer.Option(False, "--json"),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """TTFT with prefix caching on vs off for requests sharing a long system prompt."""
+    from strata.server.bench.kv import run_prefix_ttft
+
+    config = engine_config_from_args(ctx.args, kv_cache_memory="1GiB")
+    _emit(run_prefix_ttft(config, num_requests=num_requests, system_tokens=system_tokens, seed=seed), as_json, out)
+
+
+@bench_app.command("int8-accuracy", context_settings=ENGINE_ARGS, epilog=_engine_flags_help())
+def bench_int8_accuracy(
+    ctx: typer.Context,
+    max_tokens: int = typer.Option(64, help="Greedy tokens per prompt."),
+    as_json: bool = typer.Option(False, "--json"),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """Perplexity on a public-domain text and greedy agreement over 32 prompts: int8 (and bf16) KV vs fp32 KV."""
+    from strata.server.bench.kv import run_int8_accuracy
+
+    config = engine_config_from_args(ctx.args, kv_cache_memory="1GiB")
+    _emit(run_int8_accuracy(config, max_tokens=max_tokens), as_json, out)
+
+
 def main() -> None:
     app(prog_name="strata")
 
