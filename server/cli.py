@@ -156,11 +156,7 @@ def bench_throughput(
     result = run_throughput(engine_config_from_args(ctx.args), num_requests=num_requests,
                             prompt_range=(min_prompt, max_prompt), output_range=(min_output, max_output),
                             hf_batch_size=hf_batch_size, batch1_tokens=batch1_tokens, skip_hf=skip_hf, seed=seed)
-    text = json.dumps(result, indent=None if as_json else 2)
-    if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
-    typer.echo(text)
+    _emit(result, as_json, out)
 
 
 def _emit(result, as_json: bool, out: Path | None) -> None:
@@ -229,6 +225,27 @@ def bench_int8_accuracy(
 
     config = engine_config_from_args(ctx.args, kv_cache_memory="1GiB")
     _emit(run_int8_accuracy(config, max_tokens=max_tokens), as_json, out)
+
+
+@bench_app.command("cache-quality")
+def bench_cache_quality(
+    pairs: Path | None = typer.Option(None, help="Pairs file: our JSONL {cached, query, same, lang}, or a CSV/TSV/JSON "
+                                             "from ../shared/datasets."),
+    bypass: Path | None = typer.Option(None, help="JSONL {query, why}: each asked twice; prints the bypass rate."),
+    embedder: str = typer.Option("auto", help="auto (= strata serve's default), e5-small, minilm, use-multilingual."),
+    second_stage: bool = typer.Option(True, help="Contrast guard + learned verifier on the top candidates."),
+    top_k: int = typer.Option(5),
+    as_json: bool = typer.Option(False, "--json"),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """Semantic-cache quality: fill with every cached question, ask every query, report hit rate and precision."""
+    from strata.server.bench.cache_quality import run_cache_quality
+
+    try:
+        result = run_cache_quality(pairs, bypass, embedder=embedder, second_stage=second_stage, top_k=top_k)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    _emit(result, as_json, out)
 
 
 def main() -> None:
