@@ -159,11 +159,15 @@ def bench_throughput(
     _emit(result, as_json, out)
 
 
+def _write_json(result, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def _emit(result, as_json: bool, out: Path | None) -> None:
     """Print the JSON (one line with --json) and also write it to `out`."""
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        _write_json(result, out)
     typer.echo(json.dumps(result, indent=None if as_json else 2))
 
 
@@ -179,7 +183,7 @@ def bench_kv(
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json"),
     plot: Path | None = typer.Option(None, help="Write a PNG of tok/s and KV capacity per setting here."),
-    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+    out: Path | None = typer.Option(None, help="Write the rows with their settings and capacity ratios here."),
 ) -> None:
     """Sweep block size, KV dtype, swap and prefix caching on one small KV pool (default 32MiB) that requests
     oversubscribe."""
@@ -194,7 +198,9 @@ def bench_kv(
     rows = run_kv_sweep(config, **workload)
     if plot:
         plot_sweep(rows, plot)
-    _emit(sweep_report(rows, config, load_at_start, **workload), as_json, out)
+    if out:  # the file also keeps the settings and capacity ratios needed to reproduce the rows
+        _write_json(sweep_report(rows, config, load_at_start, **workload), out)
+    typer.echo(json.dumps(rows, indent=None if as_json else 2))
 
 
 @bench_app.command("prefix", context_settings=ENGINE_ARGS, epilog=_engine_flags_help())
