@@ -54,9 +54,11 @@ class EngineConfig:
         return torch.device(self.device)
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        """bf16 on CUDA; fp32 on CPU, which measured faster than bf16 here (see README, CPU dtype)."""
+        """bf16 on CUDA, and on CPUs with native bf16 (measured here: 96 vs 72 tok/s batched, 21.7 vs 16.2 at
+        batch 1, see README); fp32 on CPUs that would only emulate bf16."""
         if self.dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
+            native_bf16 = device.type == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            return torch.bfloat16 if native_bf16 else torch.float32
         return DTYPES[self.dtype]
 
     def resolve_kv_dtype(self, dtype: torch.dtype) -> str:
