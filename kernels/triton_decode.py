@@ -7,7 +7,9 @@ import triton
 import triton.language as tl
 
 from strata.kernels.metadata import LayerKV
-from strata.kernels.triton_paged import LOG2E, dot_precision, head_block, load_kv_tiles, scale_args
+from strata.kernels.triton_paged import (
+    LOG2E, dot_precision, head_block, load_kv_tiles, online_softmax_step, scale_args,
+)
 
 BLOCK_N = 32  # keys per inner-loop tile, independent of the cache block size
 MIN_SPLIT_TOKENS = 128  # shorter splits cost more in the merge than they gain in parallelism
@@ -58,12 +60,8 @@ def _decode_kernel(
                              BLOCK_SIZE, QUANTIZED)
         s = tl.dot(qt, tl.trans(k), input_precision=PRECISION)
         s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))  # finite from the first tile on: it holds >= 1 valid key
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        l = l * alpha + tl.sum(p, 1)
-        m = m_new
+        # m is finite after the first tile: it holds >= 1 valid key
+        m, l, acc = online_softmax_step(s, v, m, l, acc, PRECISION)
     nonempty = l > 0.0
     acc = acc / tl.where(nonempty, l, 1.0)[:, None]
     tl.store(out + seq * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :], acc,

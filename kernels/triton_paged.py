@@ -45,3 +45,15 @@ def head_block(head_dim: int) -> int:
 def scale_args(scales: torch.Tensor | None) -> tuple[torch.Tensor | None, int, int, int]:
     """(pointer, strides) of an INT8 scale view, or (None, 0, 0, 0) for a float cache."""
     return (scales, *scales.stride()) if scales is not None else (None, 0, 0, 0)
+
+
+@triton.jit
+def online_softmax_step(s, v, m, l, acc, PRECISION: tl.constexpr):
+    """Fold one tile of base-2 scores s [rows, keys] and values v [keys, D] into the running max m, sum l and
+    output acc (flash attention's rescaling); shared by decode and prefill."""
+    m_new = tl.maximum(m, tl.max(s, 1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
+    l = l * alpha + tl.sum(p, 1)
+    return m_new, l, acc

@@ -5,7 +5,9 @@ import triton
 import triton.language as tl
 
 from strata.kernels.metadata import AttentionMetadata, LayerKV
-from strata.kernels.triton_paged import LOG2E, dot_precision, head_block, load_kv_tiles, scale_args
+from strata.kernels.triton_paged import (
+    LOG2E, dot_precision, head_block, load_kv_tiles, online_softmax_step, scale_args,
+)
 
 BLOCK_M = 64  # rows per program: (query token, query head of the group) pairs, so GQA heads share K/V loads
 BLOCK_N = 32
@@ -57,12 +59,8 @@ def _prefill_kernel(
                              BLOCK_SIZE, QUANTIZED)
         s = tl.dot(qt, tl.trans(k), input_precision=PRECISION)
         s = tl.where(valid[None, :] & (positions[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))  # finite from the first tile on: key 0 is visible to every query
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=PRECISION)
-        l = l * alpha + tl.sum(p, 1)
-        m = m_new
+        # m is finite after the first tile: key 0 is visible to every query
+        m, l, acc = online_softmax_step(s, v, m, l, acc, PRECISION)
     acc = acc / tl.where(l > 0.0, l, 1.0)[:, None]
     tl.store(out + (q_start + tokens)[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :], acc,
              mask=io_mask)

@@ -31,7 +31,6 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # auto | torch | triton | triton-interpret
     device: str = "auto"
-    enforce_eager: bool = False
     num_threads: int | None = None
     seed: int = 0
 
