@@ -4,6 +4,7 @@ create_app() wires routes to a Completer (the shared request path); run_server()
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -76,7 +77,9 @@ def create_app(engine: LLMEngine, cache: RequestCache | None = None, *, auth: Au
             return StreamingResponse(_events(shape, answer, include_usage, metrics, endpoint),
                                      media_type="text/event-stream", headers=answer.headers())
         async with aclosing(answer.pieces) as pieces:
-            text = "".join([piece async for piece in pieces])
+            text = await _unless_disconnected(request, _join(pieces))
+        if text is None:
+            return Response(status_code=499)  # nobody is listening; the sequence was aborted
         metrics.observe(endpoint, answer)
         return JSONResponse(shape.response(text, answer.finish_reason, answer.usage(), answer.strata()),
                             headers=answer.headers())
@@ -195,3 +198,21 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Ite
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+
+
+async def _join(pieces) -> str:
+    return "".join([piece async for piece in pieces])
+
+
+async def _unless_disconnected(request: Request, work) -> str | None:
+    """Await a non-streaming answer, cancelling it (which aborts its sequence and frees its blocks) when the
+    client disconnects first; None then."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=0.2)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
