@@ -42,7 +42,6 @@ class AttentionMetadata:
     # Host copies: the torch path loops over prefill sequences and must not sync a device per item.
     prefill_cu_seqlens_q_host: list[int]
     prefill_context_lens_host: list[int]
-    max_decode_context_len: int = 0
 
     @property
     def num_prefills(self) -> int:

@@ -1,6 +1,6 @@
 """Our own view of a Llama-family config, read from a Hugging Face config or a named real shape."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = {
@@ -32,7 +32,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     name: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -40,15 +39,6 @@ class ModelConfig:
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
-
-    @property
-    def num_params(self) -> int:
-        """Parameter count, for memory planning and bandwidth floors."""
-        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
-        attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
-        per_layer = attn + 3 * h * i + 2 * h
-        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embed + h
 
     @classmethod
     def from_hf(cls, hf: Any, name: str = "") -> "ModelConfig":

@@ -75,7 +75,6 @@ class ModelRunner:
             decode_block_tables=self._tables(decode_tables),
             prefill_cu_seqlens_q_host=cu_seqlens,
             prefill_context_lens_host=prefill_lens,
-            max_decode_context_len=max(decode_lens, default=0),
         )
         hidden = self.model(self._tensor(input_ids), self._tensor(positions), self.kv.layers, meta, self.backend)
         for seq, n in batch.prefills:

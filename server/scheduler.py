@@ -130,7 +130,6 @@ class Scheduler:
     def preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         """Swap seq's blocks to host memory when there is room, else drop them for recompute."""
         self.running.remove(seq)
-        seq.num_preemptions += 1
         swap = self.swap
         if self.config.preemption_mode == "swap" and swap is not None and swap.can_hold(len(seq.block_table)):
             slots = swap.take(len(seq.block_table))

@@ -31,7 +31,6 @@ class Sequence:
     num_hashed_blocks: int = 0
     last_block_hash: int = 0
     swap_slots: list[int] = field(default_factory=list)
-    num_preemptions: int = 0
     finish_reason: str | None = None
     output_text: str = ""
     arrival_time: float = field(default_factory=time.perf_counter)

@@ -62,11 +62,6 @@ class BlockManager:
     def num_free_blocks(self) -> int:
         return len(self.free)
 
-    @property
-    def num_cached_free_blocks(self) -> int:
-        """Free blocks that still hold a reusable prefix."""
-        return sum(1 for b in self.free if self.blocks[b].hash != -1)
-
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
