@@ -46,7 +46,3 @@ class AttentionMetadata:
     @property
     def num_prefills(self) -> int:
         return len(self.prefill_context_lens_host)
-
-    @property
-    def num_decodes(self) -> int:
-        return int(self.decode_context_lens.shape[0])
