@@ -198,9 +198,7 @@ class LLMEngine:
         if batch.empty:
             return outputs
         sampled, tokens = self.runner.run(batch)
-        for seq, n in batch.prefills:
-            self.block_manager.register_computed(seq, seq.num_computed_tokens)
-        for seq in batch.decodes:
+        for seq in [seq for seq, _ in batch.prefills] + batch.decodes:
             self.block_manager.register_computed(seq, seq.num_computed_tokens)
         now = time.perf_counter()
         for seq, token in zip(sampled, tokens):

@@ -67,10 +67,7 @@ class Scheduler:
         for seq in self.running:
             if id(seq) in scheduled or budget <= 0 or seq.status is not SequenceStatus.RUNNING:
                 continue
-            n = min(seq.num_uncomputed_tokens, budget)
-            batch.prefills.append((seq, n))
-            scheduled.add(id(seq))
-            budget -= n
+            budget -= self._schedule_chunk(seq, budget, batch, scheduled)
         # 3. Swapped sequences come back before new ones, oldest first.
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.swapped[0]
@@ -100,7 +97,7 @@ class Scheduler:
 
     def _schedule_chunk(self, seq: Sequence, budget: int, batch: ScheduledBatch, scheduled: set[int]) -> int:
         n = min(seq.num_uncomputed_tokens, budget)
-        if n == 1 and seq.num_computed_tokens > 0:
+        if n == seq.num_uncomputed_tokens == 1:  # only a sequence's last token is a decode (it gets sampled)
             self.blocks.grow(seq, seq.num_computed_tokens + 1)
             batch.decodes.append(seq)
         else:

@@ -119,3 +119,19 @@ def test_request_too_long_for_the_whole_pool_is_a_clear_error(tiny_model_dirs):
     # 32 KV slots: the prompt and the first 15 outputs are stored; the 16th output needs no slot of its own.
     assert out.finish_reason == "length" and len(out.token_ids) == 32 - 17 + 1
     assert engine.stats()["kv_blocks_free"] == 4
+
+
+def test_one_token_of_budget_left_never_samples_mid_prompt(tiny_model_dirs):
+    """A prompt chunk of one token (after a prefix-cache hit, with one token of budget left) is prefill, not decode."""
+    rng = random.Random(9)
+    system = [rng.randrange(3, 512) for _ in range(24)]
+    prompts = [system + [rng.randrange(3, 512) for _ in range(6)] for _ in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def run(budget: int) -> list[list[int]]:
+        engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["tiny-llama"]), dtype="fp32", block_size=8,
+                                        kv_cache_memory="16MiB", max_num_seqs=2, max_num_batched_tokens=budget))
+        first = engine.generate(prompts[:1], params)
+        return [o.token_ids for o in first + engine.generate(prompts[1:], params)]
+
+    assert run(2) == run(256)
