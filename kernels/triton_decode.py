@@ -19,7 +19,7 @@ MAX_SPLITS = 32
 @triton.jit
 def _decode_kernel(
     q, k_cache, v_cache, k_scale, v_scale, block_tables, context_lens, out, lse,
-    scale, split_len,
+    scale, num_splits,
     stride_qb, stride_qh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_ksb, stride_kst, stride_ksh, stride_vsb, stride_vst, stride_vsh,
@@ -30,6 +30,8 @@ def _decode_kernel(
 ):
     """Grid (seq, kv head, split): all GROUP query heads of one KV head read each K/V tile once.
 
+    Each sequence cuts its own context into num_splits tile-aligned pieces, so the grid depends on host shapes only
+    (a CUDA graph replays it for any context length) and short and long sequences alike spread over the splits.
     Without SPLIT it writes the normalised output; with SPLIT, the split's normalised partial output and its
     base-2 log-sum-exp (-inf for an empty split) for _merge_kernel.
     """
@@ -37,6 +39,7 @@ def _decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens + seq)
+    split_len = tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, context_len)
     offs_g = tl.arange(0, BLOCK_G)
@@ -109,7 +112,8 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """q [B, Hq, D] -> [B, Hq, D]; same contract as the torch reference, context lengths >= 1.
 
-    The context bound comes from block_tables' width (a host shape), so choosing splits never syncs the device.
+    The context bound comes from block_tables' width (a host shape), so choosing splits never syncs the device and
+    the launch is the same for every step a CUDA graph replays.
     """
     batch, num_heads, head_dim = q.shape
     out = torch.empty_like(q)
@@ -122,8 +126,6 @@ def paged_decode_attention(
     max_tokens = block_tables.shape[1] * block_size
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, max_tokens, q.device)
-    split_len = triton.cdiv(triton.cdiv(max_tokens, num_splits), BLOCK_N) * BLOCK_N
-    num_splits = triton.cdiv(max_tokens, split_len)
     block_d = head_block(head_dim)
     if num_splits > 1:
         partial = torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
@@ -135,7 +137,7 @@ def paged_decode_attention(
     v_scale, *v_scale_strides = scale_args(kv.v_scale)
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         q, kv.k, kv.v, k_scale, v_scale, block_tables, context_lens, dst, lse,
-        scale, split_len,
+        scale, num_splits,
         q.stride(0), q.stride(1), *kv.k.stride()[:3], *kv.v.stride()[:3], *k_scale_strides, *v_scale_strides,
         block_tables.stride(0), *dst_strides, *lse_strides,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
