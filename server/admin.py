@@ -48,7 +48,7 @@ def admin_router(auth: Auth, completer: Completer, max_body_bytes: int) -> APIRo
 
     @router.get("/stats")
     async def stats():
-        return {"model": completer.model_key, "request_cache": cache().stats(), "engine": completer.engine.stats()}
+        return {"model": completer.model_key, "request_cache": cache().stats(), "engine": completer.aengine.stats()}
 
     @router.get("/review")
     async def review(limit: int = Query(50, ge=0, le=1000)):

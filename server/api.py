@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP server: one process with the engine (KV cache) and the exact + semantic request caches.
+"""OpenAI-compatible HTTP server: the exact + semantic request caches in front of the engine (KV cache), which steps
+in a process of its own (server/async_engine.py) so that model steps never hold this process's GIL.
 
 create_app() wires routes to a Completer (the shared request path); run_server() builds everything from CLI flags.
 """
@@ -37,12 +38,15 @@ log = logging.getLogger("strata.server")
 
 def create_app(engine: LLMEngine, cache: RequestCache | None = None, *, auth: Auth | None = None,
                settings: Settings | None = None) -> FastAPI:
-    """An app serving `engine` behind `cache`; its engine loop runs from startup to shutdown (lifespan)."""
+    """An app serving `engine` behind `cache`; its engine process runs from startup to shutdown (lifespan).
+
+    `engine` validates and tokenizes requests here; the engine process steps its own copy (weights and KV tensors
+    shared), so one engine serves one app at a time."""
     auth = auth or Auth()
     settings = settings or Settings()
     aengine = AsyncLLMEngine(engine)
     completer = Completer(aengine, cache, settings)
-    metrics = Metrics(engine, cache, completer.model_key)
+    metrics = Metrics(aengine.stats, cache, completer.model_key)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -101,8 +105,8 @@ def create_app(engine: LLMEngine, cache: RequestCache | None = None, *, auth: Au
 
     @app.get("/health")
     async def health():
-        if aengine.error is not None or not aengine.thread.is_alive():
-            raise APIError(503, f"engine loop stopped: {aengine.error!r}", code="engine_dead")
+        if not aengine.alive:
+            raise APIError(503, f"engine process stopped: {aengine.error!r}", code="engine_dead")
         return {"status": "ok", "pending": aengine.num_pending}
 
     @app.get("/metrics")

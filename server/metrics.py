@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -19,8 +20,9 @@ TIERS = {"exact": "exact", "semantic": "serve", "semantic-similar": "similar"}
 class Metrics:
     """Everything /metrics, /status and the load benchmark report, on a registry owned by one app."""
 
-    def __init__(self, engine, cache, model_key: str):
-        self.engine, self.cache, self.model_key = engine, cache, model_key
+    def __init__(self, engine_stats: Callable[[], dict], cache, model_key: str):
+        """engine_stats: the engine's counters (AsyncLLMEngine.stats, the engine process's latest snapshot)."""
+        self.engine_stats, self.cache, self.model_key = engine_stats, cache, model_key
         self.registry = registry = CollectorRegistry()
         self.requests = Counter("strata_requests", "Completion requests by endpoint, cache layer and HTTP status",
                                 ["endpoint", "cache_layer", "status"], registry=registry)
@@ -72,7 +74,7 @@ class Metrics:
 
     def status(self) -> dict:
         """What the status page shows: KV usage, answers by layer, similarity histogram, recent requests."""
-        kv = self.engine.stats()
+        kv = self.engine_stats()
         by_layer: dict[str, float] = {}
         for sample in self.requests.collect()[0].samples:
             if sample.name.endswith("_total") and sample.labels["cache_layer"] != "error":
@@ -99,7 +101,7 @@ class _StateCollector:
 
     def collect(self):
         m = self.metrics
-        kv = m.engine.stats()
+        kv = m.engine_stats()
         blocks = GaugeMetricFamily("strata_kv_blocks", "KV cache blocks by state", labels=["state"])
         for state in ("used", "free", "cached", "total"):
             blocks.add_metric([state], kv[f"kv_blocks_{state}"])

@@ -155,7 +155,7 @@ def test_metrics_parse_and_carry_families(server):
     latency = {s.labels["cache_layer"] for s in families["strata_request_latency_seconds"].samples}
     assert {"exact", "miss", "bypass"} <= latency
     kv = {s.labels["state"]: s.value for s in families["strata_kv_blocks"].samples}
-    assert kv["total"] == server.engine.stats()["kv_blocks_total"] and kv["used"] + kv["free"] == kv["total"]
+    assert kv["total"] == server.stats()["kv_blocks_total"] and kv["used"] + kv["free"] == kv["total"]
     sim_count = [s.value for s in families["strata_request_cache_similarity"].samples if s.name.endswith("_count")]
     assert sim_count[0] >= 1
 
@@ -184,7 +184,7 @@ def test_status_page_in_headless_chromium(server, tmp_path):
         return re.search(rf'id="{id_}"[^>]*>([^<]*)<', html).group(1)
 
     assert cell("model").startswith(MODEL + "@")               # JS replaced the "…" placeholders
-    assert int(cell("kv-total")) == server.engine.stats()["kv_blocks_total"]
+    assert int(cell("kv-total")) == server.stats()["kv_blocks_total"]
     exact = re.search(r"<td>exact</td><td>(\d+)</td>", html)
     assert exact and int(exact.group(1)) >= 1
     assert re.search(r"<td>chat</td><td>exact</td>", html)   # recent requests with their layer

@@ -16,7 +16,7 @@ CHAT = "/v1/chat/completions"
 @pytest.fixture(scope="module")
 def server():
     with start_server(hash_semantic()) as srv:
-        srv.idle = srv.engine.stats()["kv_blocks_used"]
+        srv.idle = srv.stats()["kv_blocks_used"]
         yield srv
 
 
@@ -157,7 +157,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
         lines = res.iter_lines()
         seen = [next(lines) for _ in range(6)]
         assert any('"content"' in line for line in seen)
-        assert server.engine.stats()["kv_blocks_used"] > server.idle     # the sequence holds blocks now
+        assert server.stats()["kv_blocks_used"] > server.idle     # the sequence holds blocks now
     assert server.idle_blocks(server.idle) == server.idle
     assert server.app.state.completer.aengine.num_pending == 0
 
@@ -165,10 +165,10 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
 def test_disconnect_while_waiting_for_a_whole_answer_aborts_and_frees_blocks(server):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long essay about rivers."}],
             "max_tokens": 400, "temperature": 0}
-    before = server.engine.stats()["generated_tokens"]
+    before = server.stats()["generated_tokens"]
     with server.http() as http:
         with pytest.raises(httpx.ReadTimeout):
             http.post(CHAT, json=body, timeout=httpx.Timeout(120, read=1.5))  # the client gives up and hangs up
     assert server.idle_blocks(server.idle, timeout=5.0) == server.idle
     assert server.app.state.completer.aengine.num_pending == 0
-    assert server.engine.stats()["generated_tokens"] - before < 400  # stopped early, not run to max_tokens
+    assert server.stats()["generated_tokens"] - before < 400  # stopped early, not run to max_tokens

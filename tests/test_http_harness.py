@@ -32,7 +32,7 @@ MODEL = "SmolLM2-135M-Instruct"
 
 @functools.cache
 def shared_engine() -> LLMEngine:
-    """The real default model, loaded once per session; each module's app drives it in turn."""
+    """The real default model, loaded once per session; each module's app hands it to an engine process in turn."""
     return LLMEngine(EngineConfig(dtype="fp32", kv_cache_memory="256MiB"))
 
 
@@ -44,17 +44,22 @@ class Server:
     cache: RequestCache
     idle: int = 0            # KV blocks in use with no request running
 
+    def stats(self) -> dict[str, float]:
+        """The engine's counters as the engine process last reported them (what /metrics reads)."""
+        return self.app.state.completer.aengine.stats()
+
     def settle(self) -> None:
         """Wait for the background write-back, so the next identical request can hit."""
         asyncio.run(self.cache.drain())
 
     def idle_blocks(self, expected: int, timeout: float = 10.0) -> int:
-        """Poll until no sequence holds KV blocks (aborts land on the engine thread a moment later)."""
+        """Poll until no sequence holds KV blocks (aborts land in the engine process a moment later)."""
         deadline = time.monotonic() + timeout
         while True:
-            used = self.engine.stats()["kv_blocks_used"]
-            if used == expected and not self.engine.requests or time.monotonic() > deadline:
-                return used
+            stats = self.stats()
+            idle = stats["num_running"] + stats["num_waiting"] + stats["num_swapped"] == 0
+            if stats["kv_blocks_used"] == expected and idle or time.monotonic() > deadline:
+                return stats["kv_blocks_used"]
             time.sleep(0.05)
 
     def http(self, key: str | None = "key-acme") -> httpx.Client:
