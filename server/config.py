@@ -30,6 +30,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"
     enable_prefix_caching: bool = True
     attention_backend: str = "auto"  # auto | torch | triton | triton-interpret
+    enforce_eager: bool = False  # True: no CUDA graphs for decode (they are captured only on CUDA with Triton)
     device: str = "auto"
     num_threads: int | None = None
     seed: int = 0

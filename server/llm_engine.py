@@ -15,6 +15,7 @@ from strata.kernels import get_backend
 from strata.models.default_model import default_model_dir, ensure_default_model
 from strata.models.loader import load_model
 from strata.server.config import EngineConfig, kv_cache_bytes
+from strata.server.cuda_graph_runner import DecodeGraphs, captures_decode_graphs
 from strata.server.detokenizer import Detokenizer
 from strata.server.model_runner import ModelRunner
 from strata.server.sampling_params import SamplingParams
@@ -70,14 +71,20 @@ class LLMEngine:
         if num_blocks < 1:
             raise ValueError(f"--kv-cache-memory {config.kv_cache_memory} holds no block of "
                              f"{self.kv_layout.block_bytes} bytes")
-        self.kv = KVStorage(self.kv_layout, num_blocks, self.device)
+        # One block past the scheduler's: the scratch block that padded rows of a decode graph write into.
+        self.kv = KVStorage(self.kv_layout, num_blocks + 1, self.device)
         self.swap_space = SwapSpace(self.kv_layout, config.swap_space) if config.swap_space else None
         namespace = f"{self.model_id}|{model_path}|{config.load_format}|{config.seed}|{kv_dtype}|{self.dtype}"
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, namespace)
         self.scheduler = Scheduler(config, self.block_manager, self.swap_space)
         self.backend = get_backend(config.attention_backend, self.device)
+        graphs = None
+        if captures_decode_graphs(config, self.device, self.backend):
+            graphs = DecodeGraphs(self.model, self.kv, self.backend, config.max_num_seqs, self.max_model_len,
+                                  scratch_block=num_blocks)
+            graphs.capture()
         self.runner = ModelRunner(self.model, self.kv, self.swap_space.storage if self.swap_space else None,
-                                  self.backend)
+                                  self.backend, graphs)
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.requests: dict[str, Sequence] = {}
         self._ids = itertools.count()
@@ -101,7 +108,7 @@ class LLMEngine:
 
     @property
     def kv_capacity_tokens(self) -> int:
-        return self.kv.capacity_tokens
+        return self.block_manager.num_blocks * self.kv_layout.block_size
 
     # -- requests ---------------------------------------------------------------------------------------
     def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:

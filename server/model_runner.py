@@ -5,17 +5,20 @@ import torch
 from strata.cache.kv.storage import KVStorage
 from strata.kernels import AttentionBackend, AttentionMetadata
 from strata.models.llama import LlamaForCausalLM
+from strata.server.cuda_graph_runner import DecodeGraphs
 from strata.server.sampler import sample
 from strata.server.scheduler import ScheduledBatch
 from strata.server.sequence import Sequence
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv: KVStorage, swap: KVStorage | None, backend: AttentionBackend):
+    def __init__(self, model: LlamaForCausalLM, kv: KVStorage, swap: KVStorage | None, backend: AttentionBackend,
+                 graphs: DecodeGraphs | None = None):
         self.model = model
         self.kv = kv
         self.swap = swap
         self.backend = backend
+        self.graphs = graphs  # pure-decode steps that fit a bucket run through it; None = always eager
         self.device = kv.device
         self.block_size = kv.layout.block_size
 
@@ -76,7 +79,14 @@ class ModelRunner:
             prefill_cu_seqlens_q_host=cu_seqlens,
             prefill_context_lens_host=prefill_lens,
         )
-        hidden = self.model(self._tensor(input_ids), self._tensor(positions), self.kv.layers, meta, self.backend)
+        input_ids, positions = self._tensor(input_ids), self._tensor(positions)
+        bucket = None
+        if self.graphs is not None and not batch.prefills:
+            bucket = self.graphs.bucket_for(len(batch.decodes), meta.decode_block_tables.shape[1])
+        if bucket is not None:
+            hidden = self.graphs.run(bucket, input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, self.kv.layers, meta, self.backend)
         for seq, n in batch.prefills:
             seq.num_computed_tokens += n
         for seq in batch.decodes:
