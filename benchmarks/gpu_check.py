@@ -1,4 +1,5 @@
-"""Decode throughput of our engine vs HF transformers `generate`, as a fraction of the memory-bandwidth floor.
+"""Decode throughput of our engine (with its CUDA graphs and eager) vs HF transformers `generate`, each also as a
+fraction of the memory-bandwidth floor.
 
 The floor of one decode step is (weight bytes + KV bytes read) / copy bandwidth: decode at small and medium
 batch is bandwidth-bound, so this says how much of the GPU a step leaves unused. Run by benchmarks/gpu_check.sh.
@@ -49,29 +50,47 @@ def random_prompts(batch: int, prompt_len: int, vocab: int, seed: int) -> list[l
 
 
 def measure_engine(engine: LLMEngine, prompts: list[list[int]], new_tokens: int, bandwidth: float) -> dict:
-    """Decode tok/s once every request has its first token (so prefill is excluded), skipping the first decode
-    step (it may JIT-compile a kernel variant); the floor sums each timed step's own weight + KV bytes."""
-    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
-    waiting = {engine.add_request(p, params) for p in prompts}
+    """Decode tok/s at the full batch: requests never finish on their own; once every one has its first token (so
+    prefill is excluded), one decode step runs untimed (it may JIT-compile a kernel variant), then new_tokens - 2
+    timed steps (as many as HF's), then all are aborted. The floor sums each timed step's own weight + KV bytes."""
+    params = SamplingParams(max_tokens=engine.max_model_len, temperature=0, ignore_eos=True)
+    ids = [engine.add_request(p, params) for p in prompts]
+    waiting = set(ids)
+    while waiting:
+        waiting -= {o.request_id for o in engine.step()}
+    engine.step()
     weights = weight_bytes(engine.model, engine.model.model.embed_tokens, engine.model.lm_head)
     kv_per_token = engine.kv_layout.bytes_per_token
-    tokens, floor_s, decode_steps, start = 0, 0.0, -1, None
-    while engine.has_unfinished():
+    tokens, floor_s, smallest_batch = 0, 0.0, len(prompts)
+    timed_steps = new_tokens - 2
+    start = time.perf_counter()  # step() returns sampled tokens on the host: the device is idle here
+    for _ in range(timed_steps):
         outputs = engine.step()
-        if waiting:
-            waiting -= {o.request_id for o in outputs}
-            continue
-        decode_steps += 1
-        if decode_steps == 0:
-            start = time.perf_counter()
-            continue
-        tokens += sum(len(o.new_token_ids) for o in outputs)
+        tokens += len(outputs)
+        smallest_batch = min(smallest_batch, len(outputs))  # < batch: a sequence was preempted or hit the length
         context = sum(o.num_prompt_tokens + len(o.token_ids) - 1 for o in outputs)  # tokens whose KV was read
         floor_s += (weights + context * kv_per_token) / bandwidth
     elapsed = time.perf_counter() - start
-    return {"decode_tok_s": tokens / elapsed, "timed_steps": decode_steps, "step_ms": 1e3 * elapsed / decode_steps,
-            "floor_tok_s": tokens / floor_s, "fraction_of_floor": floor_s / elapsed,
+    for request_id in ids:
+        engine.abort(request_id)
+    return {"decode_tok_s": tokens / elapsed, "timed_steps": timed_steps, "step_ms": 1e3 * elapsed / timed_steps,
+            "smallest_batch": smallest_batch, "floor_tok_s": tokens / floor_s, "fraction_of_floor": floor_s / elapsed,
             "weight_bytes": weights, "kv_bytes_per_token": kv_per_token}
+
+
+def measure_engine_graphs_and_eager(engine: LLMEngine, prompts: list[list[int]], new_tokens: int,
+                                    bandwidth: float) -> list[dict]:
+    """The same decode with the engine's CUDA graphs, then without them (what --enforce-eager runs: the runner
+    with no graphs). The second run's prompts hit the prefix cache, so it skips most of the prefill."""
+    graphs = engine.runner.graphs
+    results = [dict(measure_engine(engine, prompts, new_tokens, bandwidth), cuda_graphs=graphs is not None)]
+    if graphs is not None:
+        engine.runner.graphs = None
+        try:
+            results.append(dict(measure_engine(engine, prompts, new_tokens, bandwidth), cuda_graphs=False))
+        finally:
+            engine.runner.graphs = graphs
+    return results
 
 
 class StepClock:
@@ -131,9 +150,64 @@ class Report:
         self.path.write_text(json.dumps(self.data, indent=2))
 
 
-def run(args: argparse.Namespace) -> None:
+def run_strata(report: Report, args: argparse.Namespace, name: str, kv_dtype: str, bandwidth: float,
+               deadline: float) -> None:
+    """One engine (its start timed: dummy weights, KV pool, graph capture), every batch with graphs and eager."""
+    if time.monotonic() > deadline:
+        report.add({"impl": "strata", "model": name, "kv_dtype": kv_dtype, "skipped": "time budget"})
+        return
+    max_batch = max(args.batches)
+    max_batched_tokens = max(8192, 2 * max_batch)
+    # Requests decode while later ones are still prefilling (at most max_batched_tokens - max_batch tokens a step)
+    prefill_steps = -(-max_batch * args.prompt_len // (max_batched_tokens - max_batch))
+    started = time.perf_counter()
+    engine = LLMEngine(EngineConfig(
+        model=None, load_format="dummy", model_config=name, dtype="bf16", kv_dtype=kv_dtype,
+        max_num_seqs=max_batch, max_num_batched_tokens=max_batched_tokens,
+        max_model_len=args.prompt_len + args.new_tokens + prefill_steps + 16, kv_cache_memory=args.kv_cache_memory,
+        attention_backend="auto"))
+    graphs = engine.runner.graphs
+    report.add({"impl": "strata", "model": name, "kv_dtype": kv_dtype, "engine_start_s": time.perf_counter() - started,
+                "graph_buckets": sorted(graphs.graphs) if graphs else []})
+    vocab = engine.model_config.vocab_size
+    for batch in args.batches:
+        entry = {"impl": "strata", "model": name, "kv_dtype": kv_dtype, "batch": batch,
+                 "attention_backend": engine.backend.name}
+        if time.monotonic() > deadline:
+            report.add(dict(entry, skipped="time budget"))
+            continue
+        prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
+        for result in measure_engine_graphs_and_eager(engine, prompts, args.new_tokens, bandwidth):
+            report.add(dict(entry, **result))
+    del engine, graphs
+    release()
+
+
+def run_hf(report: Report, args: argparse.Namespace, name: str, bandwidth: float, deadline: float) -> None:
     from transformers import AutoModelForCausalLM
 
+    if time.monotonic() > deadline:
+        report.add({"impl": "hf-transformers", "model": name, "skipped": "time budget"})
+        return
+    config = hf_config_for(name)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    for batch in args.batches:
+        entry = {"impl": "hf-transformers", "model": name, "kv_dtype": "bf16", "batch": batch}
+        if time.monotonic() > deadline:
+            report.add(dict(entry, skipped="time budget"))
+            continue
+        prompts = random_prompts(batch, args.prompt_len, config.vocab_size, seed=batch)
+        with torch.inference_mode():
+            report.add(dict(entry, **measure_hf(model, prompts, args.new_tokens, bandwidth)))
+        release()
+    del model
+    release()
+
+
+def run(args: argparse.Namespace) -> None:
+    """Per model: Strata with the first KV dtype, then HF (the like-for-like pair), then the other KV dtypes, so a
+    run cut short by the budget loses the least comparable results first."""
     device = torch.device("cuda")
     deadline = time.monotonic() + args.budget_s
     bandwidth = copy_bandwidth(device)
@@ -142,44 +216,12 @@ def run(args: argparse.Namespace) -> None:
         "copy_bandwidth_GBps": bandwidth / 1e9, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
     })
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
-    max_batch = max(args.batches)
+    first, *others = args.kv_dtypes
     for name in args.models:
-        vocab = hf_config_for(name).vocab_size
-        for kv_dtype in args.kv_dtypes:
-            if time.monotonic() > deadline:
-                report.add({"impl": "strata", "model": name, "kv_dtype": kv_dtype, "skipped": "time budget"})
-                continue
-            engine = LLMEngine(EngineConfig(
-                model=None, load_format="dummy", model_config=name, dtype="bf16", kv_dtype=kv_dtype,
-                max_num_seqs=max_batch, max_num_batched_tokens=max(8192, max_batch), enable_prefix_caching=False,
-                max_model_len=args.prompt_len + args.new_tokens + 16, kv_cache_memory=args.kv_cache_memory,
-                attention_backend="auto"))
-            for batch in args.batches:
-                entry = {"impl": "strata", "model": name, "kv_dtype": kv_dtype, "batch": batch,
-                         "attention_backend": engine.backend.name}
-                if time.monotonic() > deadline:
-                    report.add(dict(entry, skipped="time budget"))
-                    continue
-                prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
-                report.add(dict(entry, **measure_engine(engine, prompts, args.new_tokens, bandwidth)))
-            del engine
-            release()
-        if time.monotonic() > deadline:
-            report.add({"impl": "hf", "model": name, "skipped": "time budget"})
-            continue
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(hf_config_for(name), dtype=torch.bfloat16).eval()
-        for batch in args.batches:
-            entry = {"impl": "hf-transformers", "model": name, "kv_dtype": "bf16", "batch": batch}
-            if time.monotonic() > deadline:
-                report.add(dict(entry, skipped="time budget"))
-                continue
-            prompts = random_prompts(batch, args.prompt_len, vocab, seed=batch)
-            with torch.inference_mode():
-                report.add(dict(entry, **measure_hf(model, prompts, args.new_tokens, bandwidth)))
-            release()
-        del model
-        release()
+        run_strata(report, args, name, first, bandwidth, deadline)
+        run_hf(report, args, name, bandwidth, deadline)
+        for kv_dtype in others:
+            run_strata(report, args, name, kv_dtype, bandwidth, deadline)
 
 
 def main() -> None:
