@@ -10,6 +10,7 @@ side's copy is never stepped, so its stats are stale: every update from the engi
 """
 
 import asyncio
+import os
 import queue
 import signal
 import threading
@@ -25,6 +26,7 @@ from strata.server.sequence import Sequence
 
 IDLE_WAIT_S = 0.5          # an idle engine process checks this often that the server still lives
 START_TIMEOUT_S = 600
+ENGINE_NICE = 10           # CPU short: the OS runs the HTTP process first (a hit needs ~1 ms of CPU, a step far more)
 
 
 @dataclass(slots=True)
@@ -154,6 +156,7 @@ def _engine_main(engine: LLMEngine, commands, updates, num_threads: int) -> None
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C reaches the whole group; the server stops us
     torch.set_num_threads(num_threads)
+    os.nice(ENGINE_NICE)
     server = mp.parent_process()
     updates.send(EngineUpdate([], engine.stats()))
     while server.is_alive():
