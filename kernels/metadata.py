@@ -9,6 +9,8 @@ import torch
 class LayerKV:
     """One layer's views into the paged cache; strides are arbitrary because a block spans all layers.
 
+    The views are indexed [block, token, head, ...] whatever the memory order (head-major, see KVLayout).
+
     k, v: [num_blocks, block_size, num_kv_heads, head_dim] (float, or int8 when quantized).
     k_scale, v_scale: [num_blocks, block_size, num_kv_heads] float16 when int8, else None.
     """

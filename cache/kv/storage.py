@@ -16,7 +16,11 @@ SCALE_DTYPE = torch.float16  # see kernels.torch_reference.quantize_int8
 
 @dataclass(slots=True, frozen=True)
 class KVLayout:
-    """Shape of one block: [layers, K/V, block_size, kv_heads, head_dim] elements, then INT8 scales if any."""
+    """Shape of one block: [layers, K/V, kv_heads, block_size, head_dim] elements, then INT8 scales if any.
+
+    Head-major inside a layer: one head's tokens of a block are one contiguous run, so gathering a sequence's keys
+    per head is a plain row copy that lands in the [head, token, dim] layout attention matmuls read.
+    """
 
     num_layers: int
     num_kv_heads: int
@@ -79,7 +83,7 @@ class KVStorage:
         row = lay.block_bytes // elem
         kv_stride = lay.block_size * lay.num_kv_heads * lay.head_dim
         shape = (self.num_blocks, lay.block_size, lay.num_kv_heads, lay.head_dim)
-        stride = (row, lay.num_kv_heads * lay.head_dim, lay.head_dim, 1)
+        stride = (row, lay.head_dim, lay.block_size * lay.head_dim, 1)  # head-major, see KVLayout
         k = flat.as_strided(shape, stride, storage_offset=layer * 2 * kv_stride)
         v = flat.as_strided(shape, stride, storage_offset=(layer * 2 + 1) * kv_stride)
         if not lay.quantized:
@@ -89,7 +93,7 @@ class KVStorage:
         scale_base = lay.values_per_block * elem // SCALE_DTYPE.itemsize
         scale_kv = lay.block_size * lay.num_kv_heads
         scale_shape = (self.num_blocks, lay.block_size, lay.num_kv_heads)
-        scale_stride = (scale_row, lay.num_kv_heads, 1)
+        scale_stride = (scale_row, 1, lay.block_size)
         k_scale = scales.as_strided(scale_shape, scale_stride, storage_offset=scale_base + layer * 2 * scale_kv)
         v_scale = scales.as_strided(scale_shape, scale_stride, storage_offset=scale_base + (layer * 2 + 1) * scale_kv)
         return LayerKV(k, v, k_scale, v_scale)
