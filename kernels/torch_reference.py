@@ -150,9 +150,10 @@ def paged_prefill_attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadat
         if q_len != context_len:
             q_pos = torch.arange(context_len - q_len, context_len, device=q.device)
             mask = torch.arange(context_len, device=q.device)[None, :] <= q_pos[:, None]
+        # 4-d inputs: SDPA runs 3-d ones (and GQA) through its slow math path on CPU, 4-d through flash (2x).
         o = torch.nn.functional.scaled_dot_product_attention(
-            q[start:end].to(dtype).transpose(0, 1), k, v,
+            q[start:end].to(dtype).transpose(0, 1)[None], k[None], v[None],
             attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=num_kv_heads != num_heads,
         )
-        out[start:end] = o.transpose(0, 1).to(q.dtype)
+        out[start:end] = o[0].transpose(0, 1).to(q.dtype)
     return out
