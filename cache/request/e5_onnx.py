@@ -155,8 +155,9 @@ class E5Onnx:
         from tokenizers import Tokenizer
         from tokenizers.models import Unigram
 
-        f = read_e5_file(path)
-        self.dim, self._f = f.hidden, f
+        f = read_e5_file(path)                # kept only in part: the 250k-piece vocabulary lives in the tokenizer
+        self.dim, self._bos, self._eos, self._eps, self._width = f.hidden, f.bos, f.eos, f.eps, f.max_positions - 2
+        self._ln = f.tensors["emb.ln.w"], f.tensors["emb.ln.b"]
         self._translate = str.maketrans(f.normalize)
         self._tok = Tokenizer(Unigram(f.pieces, unk_id=f.unk, byte_fallback=False))
         self._word = f.tensors["emb.word"]
@@ -175,16 +176,15 @@ class E5Onnx:
 
     def _window(self, ids: list[int]) -> np.ndarray:
         """One <s> ids </s> pass: word + position + type embedding, LayerNorm, encoder, mean over tokens."""
-        ids = [self._f.bos, *ids, self._f.eos]
+        ids = [self._bos, *ids, self._eos]
         x = dequantize(self._word[ids]) + self._pos[:len(ids)]
-        x = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + self._f.eps)
-        x = x * self._f.tensors["emb.ln.w"] + self._f.tensors["emb.ln.b"]
+        x = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + self._eps)
+        x = x * self._ln[0] + self._ln[1]
         return self._session.run(None, {"x": x[None].astype(np.float32)})[0][0]
 
     def embed(self, text: str) -> np.ndarray:
         """Mean-pooled embedding; long texts are split into windows and averaged by content-token count."""
         ids = self.token_ids(text)
-        width = self._f.max_positions - 2
-        spans = [ids[a:a + width] for a in range(0, len(ids), width)] or [[]]
+        spans = [ids[a:a + self._width] for a in range(0, len(ids), self._width)] or [[]]
         weights = np.array([max(len(s), 1) for s in spans], np.float32)
         return np.average(np.stack([self._window(s) for s in spans]), axis=0, weights=weights)
