@@ -105,13 +105,17 @@ def paged_decode_attention(
     if len(groups) == 1:
         out = attend_decode(qg, kv, block_tables[:, :groups[0][1]], context_lens, min(lens), dtype)
     else:
-        out = torch.empty_like(qg)
+        # Sort once so that every group is a slice, not a gather, of the batch.
+        order = torch.tensor([r for rows, _ in groups for r in rows], device=q.device)
+        q_sorted, tables, sorted_lens = qg.index_select(1, order), block_tables[order], context_lens[order]
+        out_sorted = torch.empty_like(q_sorted)
+        start = 0
         for rows, blocks in groups:
-            index = torch.tensor(rows, device=q.device)
-            tables = block_tables.index_select(0, index)[:, :blocks]
-            shortest = min(lens[r] for r in rows)
-            out.index_copy_(1, index, attend_decode(qg.index_select(1, index), kv, tables,
-                                                    context_lens.index_select(0, index), shortest, dtype))
+            end = start + len(rows)
+            out_sorted[:, start:end] = attend_decode(q_sorted[:, start:end], kv, tables[start:end, :blocks],
+                                                     sorted_lens[start:end], min(lens[r] for r in rows), dtype)
+            start = end
+        out = torch.empty_like(qg).index_copy_(1, order, out_sorted)
     return out.transpose(0, 1).reshape(batch, num_heads, head_dim).to(q.dtype)
 
 
