@@ -1,6 +1,5 @@
 """LLMEngine: add requests, step the scheduler + runner, stream outputs; the HTTP server drives it."""
 
-import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,12 +11,13 @@ from strata.cache.kv.block_manager import BlockManager
 from strata.cache.kv.storage import KVLayout, KVStorage
 from strata.cache.kv.swap import SwapSpace
 from strata.kernels import get_backend
-from strata.models.default_model import default_model_dir, ensure_default_model
+from strata.models.default_model import ensure_default_model
 from strata.models.loader import load_model
 from strata.server.config import EngineConfig, kv_cache_bytes
 from strata.server.cuda_graph_runner import DecodeGraphs, captures_decode_graphs
 from strata.server.detokenizer import Detokenizer
 from strata.server.model_runner import ModelRunner
+from strata.server.request_builder import ModelInfo, RequestBuilder, RequestError, load_tokenizer
 from strata.server.sampling_params import SamplingParams
 from strata.server.scheduler import ScheduledBatch, Scheduler
 from strata.server.sequence import Sequence
@@ -39,10 +39,6 @@ class RequestOutput:
     ttft_s: float | None = None
 
 
-class RequestError(ValueError):
-    """A request the engine refuses; the message says why (the HTTP layer maps it to a 400)."""
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -61,7 +57,7 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self._resize_rope(self.max_model_len)
         self.model_id = cfg.name or "dummy"
-        self.tokenizer = self._load_tokenizer()
+        self.tokenizer = load_tokenizer(config, model_path)
         self.eos_token_ids = set(cfg.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
@@ -86,8 +82,10 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.kv, self.swap_space.storage if self.swap_space else None,
                                   self.backend, graphs)
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
+        self.info = ModelInfo(self.model_id, model_path, self.dtype, cfg.vocab_size, self.max_model_len,
+                              self.kv_capacity_tokens)
+        self.builder = RequestBuilder(self.info, self.tokenizer)
         self.requests: dict[str, Sequence] = {}
-        self._ids = itertools.count()
         self.num_generated_tokens = 0
 
     def _resize_rope(self, max_positions: int) -> None:
@@ -95,53 +93,11 @@ class LLMEngine:
 
         self.model.model.rope = RotaryEmbedding(self.model.config, max_positions).to(self.device)
 
-    def _load_tokenizer(self):
-        from transformers import AutoTokenizer
-
-        if self.config.tokenizer:
-            return AutoTokenizer.from_pretrained(self.config.tokenizer)
-        # A folder without tokenizer files (tiny test checkpoints) runs on token ids; dummy weights borrow the
-        # default model's tokenizer when it is converted already.
-        source = self.model_path or default_model_dir()
-        has_tokenizer = (source / "tokenizer.json").exists() or (source / "tokenizer_config.json").exists()
-        return AutoTokenizer.from_pretrained(source) if has_tokenizer else None
-
     @property
     def kv_capacity_tokens(self) -> int:
         return self.block_manager.num_blocks * self.kv_layout.block_size
 
     # -- requests ---------------------------------------------------------------------------------------
-    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
-        """Token ids of a prompt; with chat=True, the user message wrapped in the model's chat template."""
-        if isinstance(prompt, list):
-            return prompt
-        if self.tokenizer is None:
-            raise RequestError("this model has no tokenizer: pass token ids")
-        if chat:
-            return self.apply_chat_template([{"role": "user", "content": prompt}])
-        return self.tokenizer.encode(prompt)
-
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        if self.tokenizer is None:
-            raise RequestError("this model has no tokenizer: pass token ids")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    def make_sequence(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
-                      chat: bool = False) -> Sequence:
-        """Validate and tokenize a request without touching engine state (safe from any thread)."""
-        if isinstance(prompt, str) and not prompt.strip() or isinstance(prompt, list) and not prompt:
-            raise RequestError("prompt is empty")
-        token_ids = self.encode(prompt, chat)
-        if any(not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size for t in token_ids):
-            raise RequestError(f"prompt token ids must be integers in [0, {self.model_config.vocab_size})")
-        if len(token_ids) >= self.max_model_len:
-            raise RequestError(f"prompt has {len(token_ids)} tokens; this model's context is {self.max_model_len}")
-        if self.block_manager.blocks_needed(len(token_ids) + 1) > self.block_manager.num_blocks:
-            raise RequestError(f"prompt has {len(token_ids)} tokens but the KV cache holds only "
-                               f"{self.kv_capacity_tokens}; raise --kv-cache-memory")
-        return Sequence(request_id or f"req-{next(self._ids)}", list(token_ids), params)
-
     def enqueue(self, seq: Sequence) -> str:
         """Queue a validated sequence for scheduling."""
         if seq.request_id in self.requests:
@@ -153,7 +109,7 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                     chat: bool = False) -> str:
         """Validate and queue a request; raises RequestError (and queues nothing) on bad input."""
-        return self.enqueue(self.make_sequence(prompt, params, request_id, chat))
+        return self.enqueue(self.builder.make_sequence(prompt, params, request_id, chat))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request and free its blocks; False when it is unknown or already done."""

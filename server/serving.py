@@ -14,7 +14,7 @@ import xxhash
 from strata.cache.request.request_cache import CacheRequest, Lookup, RequestCache
 from strata.server.async_engine import AsyncLLMEngine
 from strata.server.http_errors import APIError
-from strata.server.llm_engine import RequestError
+from strata.server.request_builder import RequestError
 from strata.server.openai_protocol import ChatCompletionRequest, CompletionRequest, usage
 from strata.server.sampling_params import SamplingParams
 from strata.server.sequence import Sequence
@@ -87,6 +87,7 @@ class Completer:
     def __init__(self, aengine: AsyncLLMEngine, cache: RequestCache | None, settings: Settings):
         self.aengine = aengine
         self.engine = aengine.engine
+        self.builder = aengine.engine.builder
         self.cache = cache
         self.settings = settings
         self.model_key = model_key(self.engine)
@@ -119,7 +120,7 @@ class Completer:
             if self.aengine.num_pending >= self.settings.max_queue:
                 raise APIError(503, f"server overloaded: {self.aengine.num_pending} requests queued; retry shortly",
                                code="overloaded", headers={"Retry-After": "1"})
-            seq = self.engine.make_sequence(list(ids), params)
+            seq = self.builder.make_sequence(list(ids), params)
         except (APIError, RequestError) as exc:
             if lookup is not None:
                 lookup.fail(asyncio.CancelledError())   # release followers; nothing computed, nothing to remember
@@ -129,11 +130,12 @@ class Completer:
 
     def _prompt_ids(self, chat: bool, turns: tuple[tuple[str, str], ...]) -> tuple[int, ...]:
         if chat:
-            return tuple(self.engine.apply_chat_template([{"role": r, "content": c} for r, c in turns]))
-        return tuple(self.engine.encode(turns[0][1]))
+            return tuple(self.builder.apply_chat_template([{"role": r, "content": c} for r, c in turns]))
+        return tuple(self.builder.encode(turns[0][1]))
 
     def _count_tokens(self, text: str) -> int:
-        return len(self.engine.tokenizer.encode(text, add_special_tokens=False)) if self.engine.tokenizer else 0
+        tokenizer = self.builder.tokenizer
+        return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else 0
 
     def _params(self, req, prompt_tokens: int, prompt_param: str) -> SamplingParams:
         limit = self.engine.max_model_len

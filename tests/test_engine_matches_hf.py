@@ -48,7 +48,7 @@ def default_engine(default_model_dir):
 @pytest.fixture(scope="module")
 def hf_expected(default_model_dir, default_engine):
     model = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
-    prompt_ids = [default_engine.encode(text, chat=chat) for text, chat in PROMPTS]
+    prompt_ids = [default_engine.builder.encode(text, chat=chat) for text, chat in PROMPTS]
     eos = default_engine.tokenizer.eos_token_id
     return prompt_ids, [hf_greedy(model, ids, eos) for ids in prompt_ids]
 

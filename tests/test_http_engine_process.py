@@ -48,7 +48,7 @@ def test_engine_steps_in_its_own_process_that_ends_with_the_server():
 def test_a_failed_engine_step_fails_every_request_in_flight_and_health():
     with start_server(hash_semantic()) as server:
         aengine = server.app.state.completer.aengine
-        good = server.engine.make_sequence("Write a long story.", SamplingParams(max_tokens=300, ignore_eos=True),
+        good = server.engine.builder.make_sequence("Write a long story.", SamplingParams(max_tokens=300, ignore_eos=True),
                                            chat=True)
         # skips validation: the embedding lookup of an id past the vocabulary raises inside the engine process
         bad = Sequence("bad", [server.engine.model_config.vocab_size + 5], SamplingParams(max_tokens=2))
