@@ -27,7 +27,6 @@ from strata.server.auth import Auth
 from strata.server.body import parse_body
 from strata.server.config import EngineConfig
 from strata.server.http_errors import APIError
-from strata.server.llm_engine import LLMEngine
 from strata.server.metrics import Metrics
 from strata.server.openai_protocol import ChatCompletionRequest, CompletionRequest, Shape
 from strata.server.serving import Answer, Completer, Settings
@@ -36,21 +35,18 @@ STATIC = Path(__file__).with_name("static")
 log = logging.getLogger("strata.server")
 
 
-def create_app(engine: LLMEngine, cache: RequestCache | None = None, *, auth: Auth | None = None,
+def create_app(aengine: AsyncLLMEngine, cache: RequestCache | None = None, *, auth: Auth | None = None,
                settings: Settings | None = None) -> FastAPI:
-    """An app serving `engine` behind `cache`; its engine process runs from startup to shutdown (lifespan).
-
-    `engine` validates and tokenizes requests here; the engine process steps its own copy (weights and KV tensors
-    shared), so one engine serves one app at a time."""
+    """An app serving a ready engine process (its `wait_ready` returned) behind `cache`; the app's shutdown stops
+    the engine process and closes the cache, so one engine process serves one app."""
     auth = auth or Auth()
     settings = settings or Settings()
-    aengine = AsyncLLMEngine(engine)
     completer = Completer(aengine, cache, settings)
     metrics = Metrics(aengine.stats, cache, completer.model_key)
+    info = completer.info
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        aengine.start()
         try:
             yield
         finally:
@@ -99,9 +95,9 @@ def create_app(engine: LLMEngine, cache: RequestCache | None = None, *, auth: Au
     @app.get("/v1/models")
     async def models(request: Request):
         auth.tenant(request)
-        return {"object": "list", "data": [{"id": engine.model_id, "object": "model", "created": int(time.time()),
+        return {"object": "list", "data": [{"id": info.model_id, "object": "model", "created": int(time.time()),
                                             "owned_by": "strata", "root": completer.model_key,
-                                            "max_model_len": engine.max_model_len}]}
+                                            "max_model_len": info.max_model_len}]}
 
     @app.get("/health")
     async def health():
@@ -177,12 +173,18 @@ def build_cache(db_path: str | None, embedder: str, verifier: bool = True) -> Re
 def run_server(engine_config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, *, auth: Auth | None = None,
                settings: Settings | None = None, request_cache: bool = True, cache_db: str | None = None,
                embedder: str = "auto", verifier: bool = True) -> None:
-    """Load the model and caches, then serve until interrupted (`strata serve`)."""
+    """Load the model (in the engine process) and the caches (here, meanwhile), then serve until interrupted
+    (`strata serve`); EngineStartError when the engine cannot be built."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = LLMEngine(engine_config)
-    cache = build_cache(cache_db, embedder, verifier) if request_cache else None
-    app = create_app(engine, cache, auth=auth, settings=settings)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    aengine = AsyncLLMEngine(engine_config)
+    aengine.start()
+    try:
+        cache = build_cache(cache_db, embedder, verifier) if request_cache else None
+        aengine.wait_ready()
+        uvicorn.run(create_app(aengine, cache, auth=auth, settings=settings), host=host, port=port,
+                    log_level="info")
+    finally:
+        aengine.stop()
 
 
 @contextmanager

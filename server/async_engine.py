@@ -1,15 +1,18 @@
 """Runs the engine loop in its own process and streams outputs to asyncio callers (the HTTP server).
 
 Why a process: a decode step's Python code holds the GIL, and with the loop in a thread of the server every cache
-hit waited for it (exact-hit p50 16 ms under decode vs 5 ms idle). The HTTP process keeps validation and
-tokenization (`LLMEngine.make_sequence`: bad input fails before any output, with the same errors) and sends
-validated Sequences; the engine process owns scheduler and KV state. The LLMEngine crosses once, at start, through
-torch.multiprocessing, so weights and KV tensors are shared (CPU shared memory or CUDA IPC), not copied; the HTTP
-side's copy is never stepped, so its stats are stale: every update from the engine carries a stats snapshot, and
-`stats()` returns the latest one (what /metrics, /status and /admin read).
+hit waited for it (exact-hit p50 16 ms under decode vs 5 ms idle). The engine process builds its own LLMEngine
+from the EngineConfig (weights, KV pool and, on CUDA, its CUDA graphs) and owns scheduler and KV state. Only the
+config, sequences, outputs and stats cross, so the HTTP process holds no model memory and no CUDA context, and
+start-up pickles nothing big. The HTTP process loads the tokenizer while the engine loads; the engine then reports
+its ModelInfo, or the error that stopped it (raised here as EngineStartError). Tokenizer and ModelInfo make the
+RequestBuilder with which the HTTP process validates and tokenizes every request itself: bad input fails before
+any output, with the engine's own errors. Every update from the engine carries a stats snapshot, and `stats()`
+returns the latest one (what /metrics, /status and /admin read).
 """
 
 import asyncio
+import multiprocessing as mp
 import os
 import queue
 import signal
@@ -17,11 +20,13 @@ import threading
 import traceback
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
-from strata.server.llm_engine import LLMEngine, RequestError, RequestOutput
+from strata.server.config import EngineConfig
+from strata.server.llm_engine import LLMEngine, RequestOutput
+from strata.server.request_builder import ModelInfo, RequestBuilder, RequestError, load_tokenizer
 from strata.server.sequence import Sequence
 
 IDLE_WAIT_S = 0.5          # an idle engine process checks this often that the server still lives
@@ -29,45 +34,82 @@ START_TIMEOUT_S = 600
 ENGINE_NICE = 10           # CPU short: the OS runs the HTTP process first (a hit needs ~1 ms of CPU, a step far more)
 
 
+class EngineStartError(RuntimeError):
+    """The engine could not be built: the message names the cause in one line (what `strata serve` prints),
+    `details` holds the traceback."""
+
+    def __init__(self, cause: str, details: str = ""):
+        super().__init__(f"the engine did not start: {cause}")
+        self.details = details
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "EngineStartError":
+        return cls(traceback.format_exception_only(exc)[-1].strip(), "".join(traceback.format_exception(exc)))
+
+
 @dataclass(slots=True)
 class EngineUpdate:
-    """What the engine process sends after a step or a batch of commands."""
+    """What the engine process sends: first its ModelInfo (or a crash), then one per step or batch of commands."""
 
     outputs: list[RequestOutput]
     stats: dict[str, float]
     refused: dict[str, str] = field(default_factory=dict)   # request id -> why enqueue refused it
-    crash: str | None = None                                # traceback of a failed step; the process then exits
+    crash: str | None = None                                # traceback of a failed start or step; the process exits
+    info: ModelInfo | None = None                           # only in the first update, once the engine is built
 
 
 class AsyncLLMEngine:
-    """One engine process per server; `engine` stays here for validation and is never stepped here."""
+    """One engine process per server. `start` spawns it, `wait_ready` returns the RequestBuilder the server
+    validates with (its errors surface there), `stop` ends it."""
 
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.model_path: Path | None = None
+        self.builder: RequestBuilder | None = None
         self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.error: BaseException | None = None
-        self.snapshot = engine.stats()
+        self.snapshot: dict[str, float] = {}
+        self.info: ModelInfo | None = None
         ctx = mp.get_context("spawn")
         self.commands = ctx.Queue()          # its feeder thread sends, so a put never blocks the event loop
         self.updates, child_end = ctx.Pipe(duplex=False)
         self.process = ctx.Process(target=_engine_main, name="strata-engine", daemon=True,
-                                   args=(engine, self.commands, child_end, torch.get_num_threads()))
+                                   args=(config, self.commands, child_end, torch.get_num_threads()))
         self._child_end = child_end
         self.ready = threading.Event()
         self.stopping = False
         self.reader = threading.Thread(target=self._read, name="strata-engine-reader", daemon=True)
 
     def start(self) -> None:
-        """Spawn the engine process and wait until it has the engine (its start-up errors surface here)."""
+        """Spawn the engine process, which builds the engine while the caller loads other things. The default model
+        is converted here first (on first use only), so that two processes never convert it at once."""
+        try:
+            self.model_path = self.config.resolve_model_path()
+        except OSError as exc:
+            raise EngineStartError.of(exc) from exc
         self.process.start()
         self._child_end.close()              # so the reader sees EOF when the engine process dies
         self.reader.start()
-        self.ready.wait(START_TIMEOUT_S)
-        if self.error is not None or not self.ready.is_set():
-            raise RuntimeError("engine process did not start") from self.error
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> RequestBuilder:
+        """Load the tokenizer here while the engine process builds the engine, then wait for its ModelInfo;
+        EngineStartError (engine process stopped) if either fails."""
+        try:
+            tokenizer = load_tokenizer(self.config, self.model_path)
+        except (OSError, ValueError) as exc:
+            self.stop()
+            raise EngineStartError.of(exc) from exc
+        if not self.ready.wait(timeout):
+            self.stop()
+            raise EngineStartError(f"no engine within {timeout:.0f} s")
+        if self.info is None:     # the reader gave up before any ModelInfo came: self.error says why
+            self.stop()
+            raise self.error
+        self.builder = RequestBuilder(self.info, tokenizer)
+        return self.builder
 
     def stop(self) -> None:
-        """Stop the engine process (killed if it does not finish its step in time) and the reader."""
+        """Stop the engine process (killed if it does not finish its step in time) and the reader; idempotent."""
         self.stopping = True
         if self.process.is_alive():
             self.commands.put(("stop", None))
@@ -77,7 +119,8 @@ class AsyncLLMEngine:
                 self.process.join()
         self.commands.cancel_join_thread()   # commands the engine never read are moot now
         self.commands.close()
-        self.reader.join(timeout=30)
+        if self.reader.is_alive():
+            self.reader.join(timeout=30)
 
     @property
     def alive(self) -> bool:
@@ -121,15 +164,21 @@ class AsyncLLMEngine:
                 update: EngineUpdate = self.updates.recv()
             except (EOFError, OSError):
                 if self.stopping:
-                    return
+                    break
                 self.process.join(timeout=5)
-                self.error = RuntimeError(f"engine process exited (exit code {self.process.exitcode})")
+                exited = f"engine process exited (exit code {self.process.exitcode})"
+                self.error = RuntimeError(exited) if self.ready.is_set() else EngineStartError(exited)
                 break
             self.snapshot = update.stats
-            self.ready.set()
             if update.crash is not None:
-                self.error = RuntimeError(f"engine step failed in the engine process:\n{update.crash}")
+                if self.ready.is_set():
+                    self.error = RuntimeError(f"engine step failed in the engine process:\n{update.crash}")
+                else:
+                    self.error = EngineStartError(update.crash.strip().splitlines()[-1], update.crash)
                 break
+            if update.info is not None:
+                self.info = update.info
+                self.ready.set()
             for out in update.outputs:
                 self._deliver(out.request_id, out)
             for request_id, why in update.refused.items():
@@ -149,16 +198,22 @@ class AsyncLLMEngine:
             pass
 
 
-def _engine_main(engine: LLMEngine, commands, updates, num_threads: int) -> None:
-    """The engine process: apply commands between steps, step while work remains, send outputs + stats.
+def _engine_main(config: EngineConfig, commands, updates, num_threads: int) -> None:
+    """The engine process: build the engine, report its ModelInfo (or why it failed), then apply commands between
+    steps, step while work remains, send outputs + stats.
 
-    It exits on "stop", when the server process is gone (no orphans), or after reporting a failed step.
+    It exits on "stop", when the server process is gone (no orphans), or after reporting a failed start or step.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C reaches the whole group; the server stops us
     torch.set_num_threads(num_threads)
-    os.nice(ENGINE_NICE)
     server = mp.parent_process()
-    updates.send(EngineUpdate([], engine.stats()))
+    try:
+        engine = LLMEngine(config)
+    except BaseException:
+        updates.send(EngineUpdate([], {}, crash=traceback.format_exc()))
+        raise SystemExit(1) from None
+    os.nice(ENGINE_NICE)        # after loading: the server waits for that, so it runs at full priority
+    updates.send(EngineUpdate([], engine.stats(), info=engine.info))
     while server.is_alive():
         refused: dict[str, str] = {}
         applied = False

@@ -123,6 +123,7 @@ def serve(
 ) -> None:
     """Serve the OpenAI-compatible HTTP API (engine + exact and semantic request caches)."""
     from strata.server.api import run_server
+    from strata.server.async_engine import EngineStartError
     from strata.server.auth import Auth
     from strata.server.serving import Settings
 
@@ -131,8 +132,11 @@ def serve(
     except (OSError, ValueError) as exc:
         _fail(str(exc))
     settings = Settings(max_queue, max_body_bytes, default_max_tokens, similar_note)
-    run_server(engine_config_from_args(ctx.args), host=host, port=port, auth=auth, settings=settings,
-               request_cache=request_cache, cache_db=cache_db or None, embedder=embedder, verifier=verifier)
+    try:
+        run_server(engine_config_from_args(ctx.args), host=host, port=port, auth=auth, settings=settings,
+                   request_cache=request_cache, cache_db=cache_db or None, embedder=embedder, verifier=verifier)
+    except EngineStartError as exc:
+        _fail(str(exc))
 
 
 @bench_app.command("throughput", context_settings=ENGINE_ARGS, epilog=_engine_flags_help())

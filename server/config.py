@@ -3,8 +3,11 @@
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+from strata.models.default_model import ensure_default_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PREEMPTION_MODES = ("swap", "recompute")
@@ -47,6 +50,12 @@ class EngineConfig:
         if self.swap_space < 0:
             raise ValueError("swap_space must be >= 0 GiB")
         parse_memory(self.kv_cache_memory)  # fail early on a malformed size
+
+    def resolve_model_path(self) -> Path | None:
+        """The weights folder: --model, else the default model (converted on first use); None for dummy weights."""
+        if self.load_format == "dummy":
+            return None
+        return Path(self.model) if self.model else ensure_default_model()
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

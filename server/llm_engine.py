@@ -2,7 +2,6 @@
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -11,7 +10,6 @@ from strata.cache.kv.block_manager import BlockManager
 from strata.cache.kv.storage import KVLayout, KVStorage
 from strata.cache.kv.swap import SwapSpace
 from strata.kernels import get_backend
-from strata.models.default_model import ensure_default_model
 from strata.models.loader import load_model
 from strata.server.config import EngineConfig, kv_cache_bytes
 from strata.server.cuda_graph_runner import DecodeGraphs, captures_decode_graphs
@@ -46,10 +44,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
-        model_path = None
-        if config.load_format != "dummy":
-            model_path = Path(config.model) if config.model else ensure_default_model()
-        self.model_path = model_path
+        model_path = self.model_path = config.resolve_model_path()
         self.model = load_model(model_path, config.load_format, config.model_config, self.dtype, self.device,
                                 max_positions=1, seed=config.seed)  # rope table is sized below
         cfg = self.model.config

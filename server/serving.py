@@ -13,9 +13,10 @@ import xxhash
 
 from strata.cache.request.request_cache import CacheRequest, Lookup, RequestCache
 from strata.server.async_engine import AsyncLLMEngine
+from strata.server.config import EngineConfig
 from strata.server.http_errors import APIError
-from strata.server.request_builder import RequestError
 from strata.server.openai_protocol import ChatCompletionRequest, CompletionRequest, usage
+from strata.server.request_builder import ModelInfo, RequestError
 from strata.server.sampling_params import SamplingParams
 from strata.server.sequence import Sequence
 
@@ -40,13 +41,12 @@ def cache_sampling(temperature: float, top_p: float = 1.0, max_tokens: int | Non
     return {k: v for k, v in out.items() if v is not None}
 
 
-def model_key(engine) -> str:
+def model_key(config: EngineConfig, info: ModelInfo) -> str:
     """Model id + version for cache partitions: other weights, dtype or KV dtype never share answers."""
-    cfg = engine.config
-    files = sorted(engine.model_path.glob("*.safetensors")) if engine.model_path else []
-    ident = "|".join([str(engine.model_path), cfg.load_format, str(cfg.seed), str(engine.dtype), cfg.kv_dtype,
+    files = sorted(info.model_path.glob("*.safetensors")) if info.model_path else []
+    ident = "|".join([str(info.model_path), config.load_format, str(config.seed), str(info.dtype), config.kv_dtype,
                       *(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)])
-    return f"{engine.model_id}@{xxhash.xxh3_64_hexdigest(ident.encode())[:12]}"
+    return f"{info.model_id}@{xxhash.xxh3_64_hexdigest(ident.encode())[:12]}"
 
 
 @dataclass(slots=True)
@@ -85,12 +85,13 @@ class Completer:
     """Turns one validated request into an Answer: cache hit replayed, or engine output streamed."""
 
     def __init__(self, aengine: AsyncLLMEngine, cache: RequestCache | None, settings: Settings):
+        """aengine: a ready engine process; its RequestBuilder validates and tokenizes here."""
         self.aengine = aengine
-        self.engine = aengine.engine
-        self.builder = aengine.engine.builder
+        self.builder = aengine.builder
+        self.info = aengine.builder.info
         self.cache = cache
         self.settings = settings
-        self.model_key = model_key(self.engine)
+        self.model_key = model_key(aengine.config, self.info)
         # repeated questions are the cache-hit case: their templating and tokenizing must not dominate a hit
         self.prompt_ids = lru_cache(maxsize=4096)(self._prompt_ids)
         self.count_tokens = lru_cache(maxsize=4096)(self._count_tokens)
@@ -99,9 +100,9 @@ class Completer:
                      client_id: str | None, started: float) -> Answer:
         """started: when the request arrived (perf_counter), so latency and TTFT include parsing and lookup."""
         chat = isinstance(req, ChatCompletionRequest)
-        if req.model != self.engine.model_id:
+        if req.model != self.info.model_id:
             raise APIError(404, f"The model '{req.model}' does not exist; this server serves "
-                                f"'{self.engine.model_id}'", param="model", code="model_not_found")
+                                f"'{self.info.model_id}'", param="model", code="model_not_found")
         try:
             messages = req.plain_messages() if chat else [{"role": "user", "content": req.prompt_text()}]
             ids = self.prompt_ids(chat, tuple((m["role"], m["content"]) for m in messages))
@@ -138,7 +139,7 @@ class Completer:
         return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else 0
 
     def _params(self, req, prompt_tokens: int, prompt_param: str) -> SamplingParams:
-        limit = self.engine.max_model_len
+        limit = self.info.max_model_len
         room = limit - prompt_tokens
         requested = req.requested_max_tokens()
         if room < 1 or requested is not None and requested <= limit and requested > room:

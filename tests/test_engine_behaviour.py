@@ -146,3 +146,14 @@ def test_abort_frees_blocks_mid_generation(tiny_engine_factory):
     assert engine.block_manager.num_free_blocks < engine.block_manager.num_blocks
     assert engine.abort(rid) and not engine.abort(rid)
     assert all_blocks_free(engine) and not engine.has_unfinished()
+
+
+def test_a_prompt_must_leave_room_in_the_kv_pool_for_one_new_token(tiny_engine_factory):
+    """The check the HTTP process runs too, with the capacity the engine reports in its ModelInfo."""
+    block_bytes = tiny_engine_factory().kv_layout.block_bytes
+    engine = tiny_engine_factory(kv_cache_memory=str(4 * block_bytes), max_model_len=128)
+    assert engine.info.kv_capacity_tokens == engine.kv_capacity_tokens == 4 * 8 < engine.info.max_model_len
+    params = SamplingParams(temperature=0, max_tokens=1)
+    with pytest.raises(RequestError, match="KV cache holds only 32"):
+        engine.add_request([3] * 32, params)
+    assert engine.generate([[3] * 31], params)[0].finish_reason == "length"

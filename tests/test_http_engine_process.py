@@ -1,5 +1,6 @@
-"""The engine steps in a process of its own: its counters cross to the HTTP process, it ends with the server
-(also when the server is killed), and when it fails, requests in flight fail loudly instead of hanging."""
+"""The engine steps in a process of its own, which builds the engine: its model limits and counters cross to the
+HTTP process, it ends with the server (also when the server is killed), when it fails, requests in flight fail
+loudly instead of hanging, and when it cannot start, `strata serve` says why."""
 from __future__ import annotations
 
 import asyncio
@@ -39,6 +40,9 @@ def test_engine_steps_in_its_own_process_that_ends_with_the_server():
     with start_server(hash_semantic()) as server:
         process = server.app.state.completer.aengine.process
         assert process.pid != os.getpid() and process.is_alive()
+        info, stats = server.builder.info, server.stats()       # what the engine process reported at start
+        assert info.model_id == MODEL and info.vocab_size == 49152 and stats["kv_blocks_used"] == 0
+        assert info.kv_capacity_tokens == stats["kv_capacity_tokens"]
         layer, _, out = ask(server, "Name a colour.")
         assert layer == "miss" and out.usage.completion_tokens > 0
         assert server.stats()["generated_tokens"] >= out.usage.completion_tokens   # counted there, read here
@@ -48,10 +52,10 @@ def test_engine_steps_in_its_own_process_that_ends_with_the_server():
 def test_a_failed_engine_step_fails_every_request_in_flight_and_health():
     with start_server(hash_semantic()) as server:
         aengine = server.app.state.completer.aengine
-        good = server.engine.builder.make_sequence("Write a long story.", SamplingParams(max_tokens=300, ignore_eos=True),
-                                           chat=True)
+        good = server.builder.make_sequence("Write a long story.", SamplingParams(max_tokens=300, ignore_eos=True),
+                                            chat=True)
         # skips validation: the embedding lookup of an id past the vocabulary raises inside the engine process
-        bad = Sequence("bad", [server.engine.model_config.vocab_size + 5], SamplingParams(max_tokens=2))
+        bad = Sequence("bad", [server.builder.info.vocab_size + 5], SamplingParams(max_tokens=2))
 
         async def collect(seq: Sequence):
             return [out async for out in aengine.submit(seq)]
@@ -109,3 +113,12 @@ def test_engine_process_exits_when_the_server_is_killed(default_model_dir):
         server.kill()
         server.wait()
     assert all(wait_gone(pid, timeout=10) for pid in children), children      # no orphans
+
+
+def test_an_engine_that_cannot_start_is_a_clear_error_from_strata_serve(tmp_path):
+    started = time.monotonic()
+    server = subprocess.run([sys.executable, "-m", "strata.server.cli", "serve", "--port", "0", "--no-request-cache",
+                             "--model", str(tmp_path / "missing")], capture_output=True, text=True, timeout=300)
+    assert server.returncode == 2 and time.monotonic() - started < 120
+    last = server.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the engine did not start: FileNotFoundError:") and "does not exist" in last, last

@@ -88,12 +88,12 @@ def test_unknown_model_via_openai_client(server):
 
 
 def test_context_length_exceeded(server):
-    long_text = "word " * (server.engine.max_model_len + 10)
+    long_text = "word " * (server.builder.info.max_model_len + 10)
     error_of(chat(server, messages=[{"role": "user", "content": long_text}]), 400, "context_length_exceeded",
              "messages")
     with server.http() as http:
         res = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi there", "max_tokens":
-                                                 server.engine.max_model_len - 1})
+                                                 server.builder.info.max_model_len - 1})
     error_of(res, 400, "context_length_exceeded", "prompt")
 
 

@@ -1,4 +1,5 @@
-"""Shared by the HTTP test modules: one engine per test session, one uvicorn server per module (no tests here).
+"""Shared by the HTTP test modules: one uvicorn server per module, each with an engine process that builds its
+engine from ENGINE (no tests here).
 
 Semantic layers: the shipped default (real embedder, calibrated thresholds, verifier) for the end-to-end module;
 the "hash" test embedder with fixed thresholds where a test needs a given tier (semantic vs semantic-similar).
@@ -6,7 +7,6 @@ the "hash" test embedder with fixed thresholds where a test needs a given tier (
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,27 +20,23 @@ from strata.cache.request.embedders import HashEmbedder
 from strata.cache.request.request_cache import RequestCache, RequestCacheConfig
 from strata.cache.request.semantic import SemanticCache, Thresholds
 from strata.server.api import create_app, serve_in_thread
+from strata.server.async_engine import AsyncLLMEngine
 from strata.server.auth import Auth
 from strata.server.config import EngineConfig
-from strata.server.llm_engine import LLMEngine
+from strata.server.request_builder import RequestBuilder
 from strata.server.serving import Settings
 
 KEYS = {"key-acme": "acme", "key-globex": "globex"}
 ADMIN = "admin-secret"
 MODEL = "SmolLM2-135M-Instruct"
-
-
-@functools.cache
-def shared_engine() -> LLMEngine:
-    """The real default model, loaded once per session; each module's app hands it to an engine process in turn."""
-    return LLMEngine(EngineConfig(dtype="fp32", kv_cache_memory="256MiB"))
+ENGINE = EngineConfig(dtype="fp32", kv_cache_memory="256MiB")      # the real default model
 
 
 @dataclass(slots=True)
 class Server:
     url: str
     app: object
-    engine: LLMEngine
+    builder: RequestBuilder     # what the HTTP process validates with: tokenizer and the model's limits
     cache: RequestCache
     idle: int = 0            # KV blocks in use with no request running
 
@@ -91,11 +87,16 @@ def start_server(semantic: SemanticCache, settings: Settings | None = None) -> I
 
 @contextmanager
 def _serve(semantic: SemanticCache, settings: Settings | None) -> Iterator[Server]:
-    cache = RequestCache(RequestCacheConfig(), semantic=semantic)
-    engine = shared_engine()
-    app = create_app(engine, cache, auth=Auth(dict(KEYS), ADMIN), settings=settings or Settings())
-    with serve_in_thread(app) as url:
-        yield Server(url, app, engine, cache)
+    aengine = AsyncLLMEngine(ENGINE)
+    aengine.start()
+    try:
+        builder = aengine.wait_ready()
+        cache = RequestCache(RequestCacheConfig(), semantic=semantic)
+        app = create_app(aengine, cache, auth=Auth(dict(KEYS), ADMIN), settings=settings or Settings())
+        with serve_in_thread(app) as url:
+            yield Server(url, app, builder, cache)
+    finally:
+        aengine.stop()        # the app's shutdown stopped it already, unless the server never started
 
 
 def client(server: Server, key: str = "key-acme") -> openai.OpenAI:
