@@ -93,17 +93,6 @@ class DecodeGraphs:
         hidden = self.model(self.input_ids[:bucket], self.positions[:bucket], self.kv.layers, meta, self.backend)
         self.hidden[:bucket].copy_(hidden)
 
-    def __getstate__(self) -> dict:
-        """A graph belongs to the process that captured it: the HTTP server hands the engine to its own process
-        (buffers shared, not copied), which captures its graphs again on arrival."""
-        return dict(self.__dict__, graphs={}, recapture=bool(self.graphs))
-
-    def __setstate__(self, state: dict) -> None:
-        recapture = state.pop("recapture")
-        self.__dict__.update(state)
-        if recapture:
-            self.capture()
-
     @torch.inference_mode()
     def capture(self) -> None:
         """Record one graph per bucket, largest first so the smaller ones fit in the memory pool it leaves.

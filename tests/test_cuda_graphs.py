@@ -7,7 +7,6 @@ On CUDA the captured graphs must give the eager engine's tokens.
 
 import dataclasses
 import os
-import pickle
 import random
 
 import pytest
@@ -79,19 +78,6 @@ def test_graphs_only_on_cuda_with_triton_and_not_enforce_eager():
     assert engine_config_from_args(["--enforce-eager"]).enforce_eager
     assert not engine_config_from_args([]).enforce_eager
     assert "--enforce-eager" in _engine_flags_help()
-
-
-def test_graphs_are_captured_again_where_the_engine_is_unpickled(monkeypatch):
-    """The HTTP server sends the engine to its own process: graphs do not travel, the receiver captures its own."""
-    captured = []
-    monkeypatch.setattr(DecodeGraphs, "capture", lambda self: captured.append(self))
-    engine = make_engine()
-    graphs = attach_padded_path(engine)
-    assert pickle.loads(pickle.dumps(graphs)).graphs == {} and not captured  # never captured: nothing to redo
-    graphs.graphs = {1: "a graph of this process"}
-    copy = pickle.loads(pickle.dumps(engine)).runner.graphs
-    assert captured == [copy] and copy.graphs == {} and copy.buckets == graphs.buckets
-    assert torch.equal(copy.block_tables, graphs.block_tables) and not hasattr(copy, "recapture")
 
 
 def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: list[int]) -> list[list[int]]:
