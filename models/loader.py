@@ -7,6 +7,7 @@ import torch
 from strata.models.config import ModelConfig
 from strata.models.llama import LlamaForCausalLM
 from strata.models.named_shapes import hf_config_for
+from strata.models.packed_linear import can_pack, pack_linears
 
 LOAD_FORMATS = ("auto", "dummy")
 
@@ -47,6 +48,8 @@ def load_model(
         fill_random(model, seed)
     else:
         load_safetensors(model, path)
+    if can_pack(dtype, device):
+        pack_linears(model)
     return model
 
 

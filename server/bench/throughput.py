@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from strata.models.packed_linear import PackedLinear
 from strata.server.config import EngineConfig
 from strata.server.llm_engine import LLMEngine
 from strata.server.sampling_params import SamplingParams
@@ -40,7 +41,9 @@ def load_hf(engine: LLMEngine, dtype: torch.dtype):
     from strata.models.named_shapes import hf_config_for
 
     hf = AutoModelForCausalLM.from_config(hf_config_for(engine.config.model_config), dtype=dtype).eval()
-    ours = dict(engine.model.named_parameters())
+    ours = dict(engine.model.named_parameters()) | {
+        f"{name}.weight": module.unpacked_weight() for name, module in engine.model.named_modules()
+        if isinstance(module, PackedLinear)}
     for name, param in hf.named_parameters():
         with torch.no_grad():
             param.copy_(_hf_tensor(ours, name, engine.model_config))
