@@ -172,7 +172,7 @@ def test_tenant_isolation_even_at_similarity_one(leaky):
 @pytest.mark.skipif(not (DATASETS / "en_contextual_queries.json").exists(), reason="shared datasets not mounted")
 @pytest.mark.parametrize("leaky", [False, True])
 def test_follow_ups_never_hit_an_entry_made_under_another_context(leaky):
-    rows = json.loads((DATASETS / "en_contextual_queries.json").read_text())[:40]
+    rows = json.loads((DATASETS / "en_contextual_queries.json").read_text())       # all 128 conversations
     cache = make(semantic=FakeSemantic(leaky=leaky))
 
     async def go():
@@ -194,7 +194,7 @@ def test_follow_ups_never_hit_an_entry_made_under_another_context(leaky):
 
     hits = run(go())
     assert hits == [None] * len(hits)
-    assert cache.stats()["counters"]["write"]["written"] >= 30     # the follow-ups were cacheable, so this is a real check
+    assert cache.stats()["counters"]["write"]["written"] >= 100    # the follow-ups were cacheable, so this is a real check
     cache.close()
 
 
