@@ -101,7 +101,7 @@ def strata_serve(args: argparse.Namespace) -> Iterator[str]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "strata.server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--cache-db", "", "--embedder", args.embedder, "--dtype", "fp32", "--kv-cache-memory", "256MiB"]
+           "--cache-db", "", "--embedder", args.embedder, "--kv-cache-memory", "256MiB"]
     if args.num_threads:
         cmd += ["--num-threads", str(args.num_threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
