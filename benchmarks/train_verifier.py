@@ -47,7 +47,9 @@ class DiskCachedEmbedder:
     def __init__(self, name: str):
         self.inner = load_embedder(name)
         self.name, self.dim = self.inner.name, self.inner.dim
-        self.path = EMB_CACHE / f"{self.name}.npz"
+        # Named by what the embedder computes, not only its name: a new implementation never reuses old vectors.
+        probe = np.round(self.inner.encode(["fingerprint probe / 指纹探针"])[0], 4).astype(np.float32).tobytes()
+        self.path = EMB_CACHE / f"{self.name}-{hashlib.sha1(probe).hexdigest()[:12]}.npz"
         self.store: dict[str, np.ndarray] = {}
         if self.path.exists():
             with np.load(self.path) as z:

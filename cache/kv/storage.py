@@ -98,10 +98,6 @@ class KVStorage:
         v_scale = scales.as_strided(scale_shape, scale_stride, storage_offset=scale_base + (layer * 2 + 1) * scale_kv)
         return LayerKV(k, v, k_scale, v_scale)
 
-    @property
-    def capacity_tokens(self) -> int:
-        return self.num_blocks * self.layout.block_size
-
     def copy_blocks_to(self, other: "KVStorage", pairs: list[tuple[int, int]]) -> None:
         """Copy whole blocks (src here -> dst there): one copy per block, e.g. for swap-out and swap-in."""
         for src, dst in pairs:
