@@ -14,7 +14,6 @@ class PackedLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach())
         self.bias = linear.bias
 
@@ -32,10 +31,9 @@ def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Replace every nn.Linear in model by a PackedLinear; returns how many were replaced."""
+def pack_linears(model: nn.Module) -> None:
+    """Replace every nn.Linear in model by a PackedLinear."""
     targets = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, PackedLinear(linear))
-    return len(targets)
