@@ -179,22 +179,37 @@ class AsyncLLMEngine:
             if update.info is not None:
                 self.info = update.info
                 self.ready.set()
-            for out in update.outputs:
-                self._deliver(out.request_id, out)
-            for request_id, why in update.refused.items():
-                self._deliver(request_id, RequestError(why))
-        for request_id in list(self.streams):
-            self._deliver(request_id, self.error)
+            self._deliver([(out.request_id, out) for out in update.outputs] +
+                          [(request_id, RequestError(why)) for request_id, why in update.refused.items()])
+        self._deliver([(request_id, self.error) for request_id in list(self.streams)])
         self.ready.set()
 
-    def _deliver(self, request_id: str, item: object) -> None:
-        stream = self.streams.get(request_id)
-        if stream is None:
-            return
-        loop, outputs = stream
+    def _deliver(self, items: list[tuple[str, object]]) -> None:
+        """One wake-up per event loop for a whole step's outputs: each wake-up costs the HTTP loop a turn."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
+        for request_id, item in items:
+            stream = self.streams.get(request_id)
+            if stream is not None:
+                by_loop.setdefault(stream[0], []).append((stream[1], item))
+        for loop, puts in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, puts)
+            except RuntimeError:    # that caller's event loop has closed: nobody is listening
+                pass
+
+
+def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:
+    for outputs, item in puts:
+        outputs.put_nowait(item)
+
+
+def lower_priority(nice: int) -> None:
+    """Renice every thread of this process: Linux nice is per thread, and os.nice() alone left the OpenMP workers
+    (started while loading) at full priority, taking the cores from the HTTP process."""
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [0]:
         try:
-            loop.call_soon_threadsafe(outputs.put_nowait, item)
-        except RuntimeError:        # that caller's event loop has closed: nobody is listening
+            os.setpriority(os.PRIO_PROCESS, int(tid), max(os.getpriority(os.PRIO_PROCESS, int(tid)), nice))
+        except (ProcessLookupError, PermissionError):   # a thread that has exited meanwhile
             pass
 
 
@@ -212,7 +227,7 @@ def _engine_main(config: EngineConfig, commands, updates, num_threads: int) -> N
     except BaseException:
         updates.send(EngineUpdate([], {}, crash=traceback.format_exc()))
         raise SystemExit(1) from None
-    os.nice(ENGINE_NICE)        # after loading: the server waits for that, so it runs at full priority
+    lower_priority(ENGINE_NICE)  # after loading: the server waits for that, so it runs at full priority
     updates.send(EngineUpdate([], engine.stats(), info=engine.info))
     while server.is_alive():
         refused: dict[str, str] = {}

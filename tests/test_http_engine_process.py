@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from test_http_harness import MODEL, ask, hash_semantic, start_server
+from strata.server.async_engine import ENGINE_NICE
 from strata.server.sampling_params import SamplingParams
 from strata.server.sequence import Sequence
 
@@ -47,6 +49,29 @@ def test_engine_steps_in_its_own_process_that_ends_with_the_server():
         assert layer == "miss" and out.usage.completion_tokens > 0
         assert server.stats()["generated_tokens"] >= out.usage.completion_tokens   # counted there, read here
     assert process.exitcode == 0 and gone(process.pid)
+
+
+def thread_nices(pid: int) -> dict[int, int]:
+    """Nice value of each thread of a process (field 19 of /proc/PID/task/TID/stat)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[int(task.name)] = int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+        except FileNotFoundError:       # the thread ended meanwhile
+            pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads per-thread nice values from Linux /proc")
+def test_every_engine_thread_runs_below_the_http_process():
+    """Linux nice is per thread: the engine's compute threads (started while loading) must be reniced too, or they
+    take the cores from the HTTP process's event loop at equal priority."""
+    with start_server(hash_semantic(), num_threads=2) as server:
+        ask(server, "Name a colour.")                        # a step ran: the intra-op worker threads exist
+        pid = server.app.state.completer.aengine.process.pid
+        nices = thread_nices(pid)
+        assert len(nices) >= 2 and min(nices.values()) >= ENGINE_NICE, nices
+        assert thread_nices(os.getpid())[threading.get_native_id()] == os.getpriority(os.PRIO_PROCESS, 0) < ENGINE_NICE
 
 
 def test_a_failed_engine_step_fails_every_request_in_flight_and_health():

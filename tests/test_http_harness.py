@@ -73,11 +73,11 @@ def hash_semantic() -> SemanticCache:
 
 
 @contextmanager
-def start_server(semantic: SemanticCache, settings: Settings | None = None) -> Iterator[Server]:
-    """One torch thread while the server runs (restored after): on 2 shared cores, 2 spinning OpenMP threads
-    made an 8-token answer ~5x slower than 1 thread, and the HTTP event loop needs a core too."""
+def start_server(semantic: SemanticCache, settings: Settings | None = None, num_threads: int = 1) -> Iterator[Server]:
+    """One torch thread (for the engine process) by default, restored after: on 2 shared cores, 2 spinning OpenMP
+    threads made an 8-token answer ~5x slower than 1 thread, and the HTTP event loop needs a core too."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(num_threads)
     try:
         with _serve(semantic, settings) as server:
             yield server
