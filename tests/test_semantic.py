@@ -1,5 +1,7 @@
 """Semantic cache unit tests: hash embedder (no model), faiss index behaviour, tiers, partitions, guard features."""
 import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -226,3 +228,38 @@ def test_from_config_builds_the_configured_layer():
     assert cache.thresholds == ThresholdTable.load("e5-small", verified=False)
     with pytest.raises(ValueError):
         RequestCacheConfig(semantic_top_k=0)
+
+
+class SlowEmbedder(HashEmbedder):
+    """Hash vectors that take a while, counting how many encode() calls overlap."""
+
+    def __init__(self, concurrent: bool, calls: int):
+        super().__init__()
+        self.concurrent = concurrent
+        self.active = self.most = 0
+        self.lock = threading.Lock()
+        self.all_in = threading.Barrier(calls)
+
+    def encode(self, texts):
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        try:
+            self.all_in.wait(timeout=0.5)   # returns once every call is inside encode() at the same time
+        except threading.BrokenBarrierError:
+            pass
+        with self.lock:
+            self.active -= 1
+        return super().encode(texts)
+
+
+@pytest.mark.parametrize("concurrent", [True, False])
+def test_only_a_concurrent_embedder_embeds_requests_side_by_side(concurrent):
+    """A one-core-per-call embedder (e5-small on ONNX Runtime) runs requests in parallel; others one at a time."""
+    embedder = SlowEmbedder(concurrent, calls=4)
+    cache = SemanticCache(embedder, Thresholds(0.9, 0.8))
+    with ThreadPoolExecutor(4) as pool:
+        vectors = list(pool.map(cache.embed, [f"question number {i}" for i in range(4)]))
+    assert embedder.most == (4 if concurrent else 1)
+    np.testing.assert_array_equal(vectors[2], HashEmbedder().encode(["question number 2"])[0])
+    assert load_embedder("e5-small").concurrent is True

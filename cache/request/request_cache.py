@@ -27,7 +27,9 @@ from strata.cache.request.templating import fill_answer, template_answer, templa
 from strata.cache.request.write_back import WriteBack
 
 if TYPE_CHECKING:
-    from strata.cache.request.semantic import SemanticCache
+    import numpy as np
+
+    from strata.cache.request.semantic import SemanticCache, SemanticMatch
 
 log = logging.getLogger(__name__)
 
@@ -185,8 +187,7 @@ class RequestCache:
                       write=not guarded, cache=self, flight=flight)
 
     async def _semantic_hit(self, req: CacheRequest, key: RequestKey, decision: Decision, flight: Flight) -> Lookup | None:
-        flight.embedding = await asyncio.to_thread(self.semantic.embed, key.text)
-        match = await asyncio.to_thread(self.semantic.lookup, key.text, key.partition, flight.embedding)
+        flight.embedding, match = await asyncio.to_thread(self._embed_and_search, key)
         if match is not None:
             entry = self.exact.get(match.entry_id)
             text = self._serve(entry, req, key) if entry is not None else None
@@ -216,6 +217,11 @@ class RequestCache:
             self.flights.finish(flight, found.hit.text)
             return found
         return None
+
+    def _embed_and_search(self, key: RequestKey) -> tuple[np.ndarray, SemanticMatch | None]:
+        """Both in one worker-thread hop: under load each hop waits for the GIL and a core again."""
+        embedding = self.semantic.embed(key.text)
+        return embedding, self.semantic.lookup(key.text, key.partition, embedding)
 
     async def _follow(self, flight: Flight, key: RequestKey, decision: Decision, similarity: float | None) -> Lookup | None:
         """Await a leader. similarity None: same literal request, its answer is ours. Otherwise a semantic

@@ -1,6 +1,7 @@
 """Semantic request cache: embed once, top-k in the request's partition, second-stage check, tiered decision."""
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from dataclasses import dataclass
@@ -99,7 +100,7 @@ class SemanticCache:
         self._indexes: dict[str, VectorIndex] = {}
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.RLock()
-        self._encode_lock = threading.Lock()
+        self._encode_lock = contextlib.nullcontext() if getattr(embedder, "concurrent", False) else threading.Lock()
 
     @classmethod
     def create(cls, embedder: str = "auto", verified: bool = True, **kwargs) -> "SemanticCache":
@@ -127,7 +128,7 @@ class SemanticCache:
             hit = self._embeddings.get(text)
         if hit is not None:
             return hit
-        with self._encode_lock:  # each encode already fans out over the cores (OpenMP/torch): one at a time
+        with self._encode_lock:  # a serial embedder's encode already fans out over the cores: one at a time
             vec = np.asarray(self.embedder.encode([text])[0], dtype=np.float32)
         vec.setflags(write=False)
         with self._lock:
