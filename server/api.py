@@ -72,14 +72,23 @@ def create_app(aengine: AsyncLLMEngine, cache: RequestCache | None = None, *, au
             metrics.observe_error(endpoint, exc.status)
             raise
         shape = Shape(kind is ChatCompletionRequest, req.model)
+        include_usage = req.stream and req.stream_options is not None and req.stream_options.include_usage
+        if req.stream and answer.cached_text is not None:
+            # the same SSE events, written at once: a streaming response's task group costs a hit more than its lookup
+            events = _open(shape, answer) + _data(shape.chunk(answer.cached_text)) + \
+                _close(shape, answer, include_usage)
+            metrics.observe(endpoint, answer)
+            return Response(events, media_type="text/event-stream", headers=answer.headers())
         if req.stream:
-            include_usage = req.stream_options is not None and req.stream_options.include_usage
             return StreamingResponse(_events(shape, answer, include_usage, metrics, endpoint),
                                      media_type="text/event-stream", headers=answer.headers())
-        async with aclosing(answer.pieces) as pieces:
-            text = await _unless_disconnected(request, _join(pieces))
-        if text is None:
-            return Response(status_code=499)  # nobody is listening; the sequence was aborted
+        if answer.cached_text is not None:
+            text = answer.cached_text
+        else:
+            async with aclosing(answer.pieces) as pieces:
+                text = await _unless_disconnected(request, _join(pieces))
+            if text is None:
+                return Response(status_code=499)  # nobody is listening; the sequence was aborted
         metrics.observe(endpoint, answer)
         return JSONResponse(shape.response(text, answer.finish_reason, answer.usage(), answer.strata()),
                             headers=answer.headers())
@@ -131,18 +140,26 @@ def _data(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def _open(shape: Shape, answer: Answer) -> str:
+    """The first SSE event: the assistant role and where the answer comes from."""
+    return _data(shape.chunk("", first=True) | {"strata": answer.strata()})
+
+
+def _close(shape: Shape, answer: Answer, include_usage: bool) -> str:
+    """The finish reason, usage when asked for, then [DONE]."""
+    usage = _data(shape.usage_chunk(answer.usage())) if include_usage else ""
+    return _data(shape.chunk("", answer.finish_reason)) + usage + _data("[DONE]")
+
+
 async def _events(shape: Shape, answer: Answer, include_usage: bool, metrics: Metrics, endpoint: str):
     """SSE in OpenAI's chunk format; a client that goes away closes the pieces, which aborts the sequence."""
     status = 499
     try:
-        yield _data(shape.chunk("", first=True) | {"strata": answer.strata()})
+        yield _open(shape, answer)
         async with aclosing(answer.pieces) as pieces:
             async for piece in pieces:
                 yield _data(shape.chunk(piece))
-        yield _data(shape.chunk("", answer.finish_reason))
-        if include_usage:
-            yield _data(shape.usage_chunk(answer.usage()))
-        yield _data("[DONE]")
+        yield _close(shape, answer, include_usage)
         status = 200
     except Exception as exc:     # headers are gone: report in-band, as OpenAI does
         status = 500
@@ -172,7 +189,7 @@ def build_cache(db_path: str | None, embedder: str, verifier: bool = True) -> Re
 
 def run_server(engine_config: EngineConfig, host: str = "127.0.0.1", port: int = 8000, *, auth: Auth | None = None,
                settings: Settings | None = None, request_cache: bool = True, cache_db: str | None = None,
-               embedder: str = "auto", verifier: bool = True) -> None:
+               embedder: str = "auto", verifier: bool = True, access_log: bool = True) -> None:
     """Load the model (in the engine process) and the caches (here, meanwhile), then serve until interrupted
     (`strata serve`); EngineStartError when the engine cannot be built."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -182,7 +199,7 @@ def run_server(engine_config: EngineConfig, host: str = "127.0.0.1", port: int =
         cache = build_cache(cache_db, embedder, verifier) if request_cache else None
         aengine.wait_ready()
         uvicorn.run(create_app(aengine, cache, auth=auth, settings=settings), host=host, port=port,
-                    log_level="info")
+                    log_level="info", access_log=access_log)
     finally:
         aengine.stop()
 

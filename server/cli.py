@@ -120,6 +120,8 @@ def serve(
     embedder: str = typer.Option("auto", help="Semantic-cache embedder: auto, e5-small, minilm, use-multilingual, "
                                                "none (exact layer only)."),
     verifier: bool = typer.Option(True, help="Second-stage check of semantic candidates."),
+    access_log: bool = typer.Option(True, help="One log line per request (uvicorn's access log; off saves a "
+                                                "cache hit ~20% of its CPU)."),
 ) -> None:
     """Serve the OpenAI-compatible HTTP API (engine + exact and semantic request caches)."""
     from strata.server.api import run_server
@@ -134,7 +136,8 @@ def serve(
     settings = Settings(max_queue, max_body_bytes, default_max_tokens, similar_note)
     try:
         run_server(engine_config_from_args(ctx.args), host=host, port=port, auth=auth, settings=settings,
-                   request_cache=request_cache, cache_db=cache_db or None, embedder=embedder, verifier=verifier)
+                   request_cache=request_cache, cache_db=cache_db or None, embedder=embedder, verifier=verifier,
+                   access_log=access_log)
     except EngineStartError as exc:
         _fail(str(exc))
 

@@ -57,7 +57,8 @@ class Answer:
     reason: str
     similarity: float | None
     prompt_tokens: int
-    pieces: AsyncIterator[str] | None = None
+    pieces: AsyncIterator[str] | None = None   # engine output as it comes (None for a cache hit)
+    cached_text: str | None = None             # a cache hit's whole answer, sent in one write
     finish_reason: str | None = None
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -178,16 +179,10 @@ class Completer:
         if hit.layer == "semantic-similar" and (self.settings.similar_note if req.similar_note is None
                                                 else req.similar_note):
             text = SIMILAR_NOTE.format(hit.similarity) + text
-        answer = Answer(hit.layer, lookup.reason, hit.similarity, prompt_tokens, finish_reason="stop",
-                        completion_tokens=self.count_tokens(text), started=started)
-        answer.pieces = self._whole(text, answer)
-        return answer
-
-    @staticmethod
-    async def _whole(text: str, answer: Answer) -> AsyncIterator[str]:
-        """A cached answer is one piece: one content chunk in a stream (fewer writes is what makes a hit fast)."""
+        answer = Answer(hit.layer, lookup.reason, hit.similarity, prompt_tokens, cached_text=text,
+                        finish_reason="stop", completion_tokens=self.count_tokens(text), started=started)
         answer.mark_first()
-        yield text
+        return answer
 
     async def _generate(self, seq: Sequence, lookup: Lookup | None, tags: tuple[str, ...],
                         answer: Answer) -> AsyncIterator[str]:
