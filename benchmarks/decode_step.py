@@ -21,8 +21,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--attention-backend", default="auto")
     args = ap.parse_args()
-    engine = LLMEngine(EngineConfig(dtype=args.dtype, kv_cache_memory="3GiB"))
+    engine = LLMEngine(EngineConfig(dtype=args.dtype, kv_cache_memory="3GiB", attention_backend=args.attention_backend))
     workload = make_workload(64, (16, 512), (200, 256), engine.model_config.vocab_size, seed=0)
     for prompt, n in workload:
         engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
@@ -33,7 +34,8 @@ def main() -> None:
         engine.step()
     step_s = (time.perf_counter() - start) / args.steps
     print(json.dumps({"batch": len(engine.scheduler.running), "steps": args.steps, "step_s": round(step_s, 4),
-                      "dtype": args.dtype, "threads": torch.get_num_threads()}))
+                      "dtype": args.dtype, "threads": torch.get_num_threads(),
+                      "attention_backend": engine.backend.name}))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,19 @@
-"""The one place that picks the attention implementation: Triton on CUDA, torch on CPU, interpreter on request."""
+"""The one place that picks the attention implementation: Triton on CUDA, the C++ decode kernel on CPU (torch when it
+cannot be built), the torch reference or the Triton interpreter on request."""
 
+import functools
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from strata.kernels import torch_reference
+from strata.kernels import cpu_paged, torch_reference
 from strata.kernels.metadata import AttentionMetadata, LayerKV
 
-BACKENDS = ("auto", "torch", "triton", "triton-interpret")
+BACKENDS = ("auto", "cpu", "torch", "triton", "triton-interpret")
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, frozen=True)
@@ -25,14 +29,21 @@ class AttentionBackend:
 TORCH = AttentionBackend(
     "torch", torch_reference.write_kv, torch_reference.paged_decode_attention, torch_reference.paged_prefill_attention
 )
+# Decode reads the cache in place (cpu_paged_decode.cpp); writes and prefill (compute-bound, SDPA's flash kernel)
+# stay on torch.
+CPU = AttentionBackend("cpu", torch_reference.write_kv, cpu_paged.paged_decode_attention,
+                       torch_reference.paged_prefill_attention)
 
 
 def resolve_backend_name(name: str, device: torch.device) -> str:
-    """'auto' means Triton on CUDA and torch elsewhere; Triton on CPU only runs under its interpreter."""
+    """'auto' means Triton on CUDA and the C++ kernel elsewhere (torch if it cannot be built); Triton on CPU only runs
+    under its interpreter."""
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKENDS)}")
     if name == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        return "triton" if device.type == "cuda" else "cpu" if cpu_kernel_builds() else "torch"
+    if name == "cpu" and device.type != "cpu":
+        raise ValueError("the 'cpu' backend runs on CPU tensors only")
     if name == "triton" and device.type != "cuda":
         raise ValueError("the 'triton' backend needs a CUDA device; use 'triton-interpret' to run it on CPU")
     if name == "triton-interpret" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -45,6 +56,21 @@ def get_backend(name: str, device: torch.device) -> AttentionBackend:
     resolved = resolve_backend_name(name, device)
     if resolved == "torch":
         return TORCH
+    if resolved == "cpu":
+        cpu_paged.load()          # a forced 'cpu' that cannot be built fails here, with the compiler's message
+        return CPU
     from strata.kernels import triton_attention  # imported lazily: triton is optional off CUDA
 
     return triton_attention.BACKEND
+
+
+@functools.cache
+def cpu_kernel_builds() -> bool:
+    """Whether the C++ decode kernel is (or can be) built on this machine; says why once when it cannot."""
+    try:
+        cpu_paged.load()
+    except Exception as exc:        # no compiler, no headers, a failed build: the torch reference still works
+        log.warning("C++ CPU attention kernel unavailable (%s: %s); using the torch reference",
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return False
+    return True

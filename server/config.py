@@ -32,7 +32,7 @@ class EngineConfig:
     swap_space: float = 0.0  # GiB of host memory for swapped-out blocks
     preemption_mode: str = "recompute"
     enable_prefix_caching: bool = True
-    attention_backend: str = "auto"  # auto | torch | triton | triton-interpret
+    attention_backend: str = "auto"  # auto | cpu | torch | triton | triton-interpret
     enforce_eager: bool = False  # True: no CUDA graphs for decode (they are captured only on CUDA with Triton)
     device: str = "auto"
     num_threads: int | None = None

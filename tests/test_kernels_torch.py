@@ -1,15 +1,17 @@
-"""The torch paged-attention backend (the CPU path and the Triton oracle) against dense attention per sequence.
+"""The CPU attention paths against dense attention per sequence: the torch reference (also the Triton oracle) and the
+C++ decode kernel that reads the paged cache in place (the CPU default).
 
 The dense oracle sees only each sequence's own K/V in order, so the block gather, the head-major layout and the
 grouping of a decode batch by length are all checked by it.
 """
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from strata.cache.kv.storage import KVLayout, KVStorage
-from strata.kernels import torch_reference
+from strata.kernels import cpu_paged, get_backend, torch_reference
 from strata.kernels.torch_reference import group_by_length, quantize_int8
 
 
@@ -30,7 +32,10 @@ def written_values(x: torch.Tensor, kv_dtype: str) -> torch.Tensor:
     return x.to(getattr(torch, {"fp32": "float32", "bf16": "bfloat16"}[kv_dtype])).double()
 
 
-def check_decode(lengths: list[int], kv_dtype: str, group: int, block_size: int = 8, head_dim: int = 32):
+def check_decode(lengths: list[int], kv_dtype: str, group: int, block_size: int = 8, head_dim: int = 32,
+                 decode=torch_reference.paged_decode_attention, tol: float = 1e-9):
+    """decode's output for a batch written through the cache; the torch reference computes in q's float64, the C++
+    kernel in fp32 (hence its tolerance)."""
     gen = torch.Generator().manual_seed(len(lengths) * 31 + group)
     num_kv_heads = 2
     needed = [-(-n // block_size) for n in lengths]
@@ -49,9 +54,10 @@ def check_decode(lengths: list[int], kv_dtype: str, group: int, block_size: int 
         keys.append(written_values(k, kv_dtype))
         values.append(written_values(v, kv_dtype))
     q = torch.randn(len(lengths), num_kv_heads * group, head_dim, generator=gen, dtype=torch.float64)
-    out = torch_reference.paged_decode_attention(q, kv, table, torch.tensor(lengths, dtype=torch.int32), 0.3)
+    out = decode(q, kv, table, torch.tensor(lengths, dtype=torch.int32), 0.3)
+    assert out.dtype == q.dtype and out.shape == q.shape
     for i in range(len(lengths)):
-        torch.testing.assert_close(out[i], dense_attention(q[i], keys[i], values[i], 0.3), rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(out[i], dense_attention(q[i], keys[i], values[i], 0.3), rtol=tol, atol=tol)
 
 
 def test_decode_matches_dense_attention_across_length_groups():
@@ -66,6 +72,31 @@ def test_decode_single_group_and_single_sequence():
     check_decode([5, 7, 8], "fp32", 2)
     check_decode([1], "int8", 3)
     assert len(group_by_length([5, 7, 8], 8)) == 1
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128])     # the kernel's generic width and its two fixed ones
+@pytest.mark.parametrize("kv_dtype", ["fp32", "bf16", "int8"])
+def test_cpu_kernel_matches_dense_attention(kv_dtype: str, head_dim: int):
+    lengths = [1, 3, 8, 9, 17, 250, 251, 700, 5, 640, 16, 2]
+    for group in (1, 3, 4):
+        check_decode(lengths, kv_dtype, group, head_dim=head_dim, decode=cpu_paged.paged_decode_attention, tol=2e-5)
+    check_decode([1], kv_dtype, 3, block_size=16, head_dim=head_dim, decode=cpu_paged.paged_decode_attention,
+                 tol=2e-5)
+
+
+def test_cpu_kernel_refuses_what_it_cannot_read():
+    q = torch.randn(2, 3, 32)
+    storage = KVStorage(KVLayout(1, 3, 32, 8, "fp32"), 4, torch.device("cpu"))
+    kv = storage.layers[0]
+    with pytest.raises(RuntimeError, match="heads"):
+        cpu_paged.load().paged_decode(torch.randn(2, 4, 32), kv.k, kv.v, torch.empty(0), torch.empty(0),
+                                      torch.zeros(2, 1, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="int32"):
+        cpu_paged.load().paged_decode(q, kv.k, kv.v, torch.empty(0), torch.empty(0),
+                                      torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="CPU tensors only"):
+        get_backend("cpu", torch.device("meta"))
+    assert get_backend("auto", torch.device("cpu")).name == "cpu"     # the default on a machine with a compiler
 
 
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=80), st.sampled_from([8, 16, 32]))

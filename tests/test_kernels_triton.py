@@ -177,7 +177,7 @@ def test_prefill_matches_reference(case, poison):
 def test_dispatch_picks_triton():
     name = "triton-interpret" if INTERPRET else "triton"
     assert get_backend(name, DEVICE) is BACKEND
-    assert get_backend("auto", torch.device("cpu")).name == "torch"
+    assert get_backend("auto", torch.device("cpu")).name == "cpu"
 
 
 # (query dtype, kv dtype, head_dim, group) built for sm_90; each runs write + decode (plain, split-K) + prefill.
