@@ -1,11 +1,13 @@
 """The CPU decode-attention kernel (cpu_paged_decode.cpp), built once per machine with the C++ compiler torch uses.
 
-The build (~1 min, then cached under TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions) needs g++; without one,
+The build (~35 s on 2 cores, then cached under TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions) needs g++; without one,
 `load()` raises and the backend falls back to the torch reference.
 """
 
 import functools
+import hashlib
 import os
+import platform
 from pathlib import Path
 
 import torch
@@ -30,10 +32,22 @@ def _build():
 
     os.environ.setdefault("MAX_JOBS", "2")
     try:
-        return build("strata_cpu_paged_decode", [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-                     extra_ldflags=["-fopenmp"], verbose=False), None
+        return build(f"strata_cpu_paged_decode_{cpu_fingerprint()}", [str(SOURCE)],
+                     extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                     verbose=False), None
     except Exception as exc:
         return None, exc
+
+
+def cpu_fingerprint() -> str:
+    """A short hash of this CPU's model and instruction-set flags: the build uses -march=native, so a cache directory
+    shared by different CPUs (a mounted home, a container image) must not hand one CPU's build to another."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))][:2]
+    except OSError:
+        lines = [platform.machine(), platform.processor()]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:10]
 
 
 def paged_decode_attention(q: torch.Tensor, kv: LayerKV, block_tables: torch.Tensor, context_lens: torch.Tensor,
