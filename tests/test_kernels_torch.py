@@ -108,3 +108,17 @@ def test_length_groups_cover_every_row_once_and_fit_it(lengths: list[int], block
     assert widths == sorted(widths, reverse=True) and len(set(widths)) == len(widths)
     for members, blocks in groups:
         assert blocks == max(-(-lengths[r] // block_size) for r in members)
+
+
+def test_without_a_compiler_auto_falls_back_to_torch_and_a_forced_cpu_says_why(monkeypatch, caplog):
+    from strata.kernels import backend
+
+    monkeypatch.setattr(cpu_paged, "_build", lambda: (None, RuntimeError("error: g++: command not found")))
+    backend.cpu_kernel_builds.cache_clear()
+    try:
+        assert backend.resolve_backend_name("auto", torch.device("cpu")) == "torch"
+        assert "using the torch reference" in caplog.text and "g++" in caplog.text
+        with pytest.raises(RuntimeError, match="g\\+\\+"):
+            get_backend("cpu", torch.device("cpu"))
+    finally:
+        backend.cpu_kernel_builds.cache_clear()
