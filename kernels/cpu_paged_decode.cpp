@@ -107,9 +107,10 @@ void decode(const float* q, const T* k, const T* v, const c10::Half* k_scale, co
           }
         }
       }
-      for (int64_t g = 0; g < group; ++g) {
+      for (int64_t g = 0; g < group; ++g) {  // an empty context (never scheduled, but possible) gives zeros
         float* o = out + (seq * num_heads + head * group + g) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[g * head_dim + d] / l[g];
+        const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+        for (int64_t d = 0; d < head_dim; ++d) o[d] = acc[g * head_dim + d] * inv;
       }
     }
   });
@@ -119,7 +120,7 @@ void decode(const float* q, const T* k, const T* v, const c10::Half* k_scale, co
 
 // q: [B, Hq, D] fp32 contiguous, already scaled. k, v: [blocks, block_size, Hkv, D] views of the pool (any row
 // strides, last dim contiguous). k_scale, v_scale: [blocks, block_size, Hkv] fp16 for an INT8 cache, else empty.
-// block_tables: [B, W] int32; context_lens: [B] int32, each >= 1. Returns [B, Hq, D] fp32.
+// block_tables: [B, W] int32; context_lens: [B] int32. Returns [B, Hq, D] fp32.
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor k_scale,
                            torch::Tensor v_scale, torch::Tensor block_tables, torch::Tensor context_lens) {
   TORCH_CHECK(q.dtype() == torch::kFloat32 && q.is_contiguous() && q.dim() == 3, "q must be contiguous fp32 [B, H, D]");
@@ -133,6 +134,18 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = k.size(1), num_kv_heads = k.size(2);
   TORCH_CHECK(k.size(3) == head_dim && num_heads % num_kv_heads == 0, "q and the cache disagree on heads");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == num_seqs && context_lens.numel() == num_seqs,
+              "block_tables [B, W] and context_lens [B] must match q's batch");
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = context_lens.data_ptr<int32_t>();
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {  // bad metadata fails here instead of reading outside the pool
+    const int64_t used = (static_cast<int64_t>(lens[seq]) + block_size - 1) / block_size;
+    TORCH_CHECK(lens[seq] >= 0 && used <= block_tables.size(1), "sequence ", seq, " has context length ", lens[seq],
+                ", more than its block table holds");
+    for (int64_t b = 0; b < used; ++b)
+      TORCH_CHECK(tables[seq * block_tables.size(1) + b] >= 0 && tables[seq * block_tables.size(1) + b] < k.size(0),
+                  "sequence ", seq, " names block ", tables[seq * block_tables.size(1) + b], " outside the pool");
+  }
   auto out = torch::empty_like(q);
   const int64_t kv_strides[3] = {k.stride(0), k.stride(1), k.stride(2)};
   const int64_t scale_strides[3] = {quantized ? k_scale.stride(0) : 0, quantized ? k_scale.stride(1) : 0,
@@ -142,9 +155,8 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   const auto run = [&](auto* kp, auto* vp) {
     using T = std::remove_const_t<std::remove_pointer_t<decltype(kp)>>;
     const auto kernel = head_dim == 64 ? decode<T, 64> : head_dim == 128 ? decode<T, 128> : decode<T, 0>;
-    kernel(q.data_ptr<float>(), kp, vp, ks, vs, block_tables.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(),
-           out.data_ptr<float>(), num_seqs, num_heads, num_kv_heads, head_dim, block_size, block_tables.size(1),
-           kv_strides, scale_strides);
+    kernel(q.data_ptr<float>(), kp, vp, ks, vs, tables, lens, out.data_ptr<float>(), num_seqs, num_heads,
+           num_kv_heads, head_dim, block_size, block_tables.size(1), kv_strides, scale_strides);
   };
   if (quantized) run(k.data_ptr<int8_t>(), v.data_ptr<int8_t>());
   else if (k.dtype() == torch::kBFloat16) run(k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>());

@@ -94,6 +94,16 @@ def test_cpu_kernel_refuses_what_it_cannot_read():
     with pytest.raises(RuntimeError, match="int32"):
         cpu_paged.load().paged_decode(q, kv.k, kv.v, torch.empty(0), torch.empty(0),
                                       torch.zeros(2, 1, dtype=torch.int64), torch.ones(2, dtype=torch.int32))
+    paged_decode = cpu_paged.load().paged_decode
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        paged_decode(q, kv.k, kv.v, torch.empty(0), torch.empty(0), torch.tensor([[0], [4]], dtype=torch.int32),
+                     torch.ones(2, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="more than its block table holds"):
+        paged_decode(q, kv.k, kv.v, torch.empty(0), torch.empty(0), torch.zeros(2, 1, dtype=torch.int32),
+                     torch.tensor([1, 9], dtype=torch.int32))
+    empty = paged_decode(q, kv.k, kv.v, torch.empty(0), torch.empty(0), torch.zeros(2, 1, dtype=torch.int32),
+                         torch.tensor([0, 1], dtype=torch.int32))
+    assert torch.isfinite(empty).all() and not empty[0].any()
     with pytest.raises(ValueError, match="CPU tensors only"):
         get_backend("cpu", torch.device("meta"))
     assert get_backend("auto", torch.device("cpu")).name == "cpu"     # the default on a machine with a compiler
