@@ -24,8 +24,8 @@ import shlex
 import socket
 import statistics
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator

@@ -209,7 +209,7 @@ def lower_priority(nice: int) -> None:
     for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [0]:
         try:
             os.setpriority(os.PRIO_PROCESS, int(tid), max(os.getpriority(os.PRIO_PROCESS, int(tid)), nice))
-        except (ProcessLookupError, PermissionError):   # a thread that has exited meanwhile
+        except (ProcessLookupError, PermissionError):   # exited meanwhile, or not ours to renice
             pass
 
 

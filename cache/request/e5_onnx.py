@@ -85,17 +85,21 @@ def read_e5_file(path: Path) -> E5File:
     return E5File(h, nl, nh, ff, maxp, eps, bos, eos, unk, pieces, normalize, tensors)
 
 
-def dequantize(blocks: np.ndarray) -> np.ndarray:
-    """Q4_0 rows to float32: byte j holds weight j (low nibble) and weight j + 16 (high nibble), w = d * (q - 8)."""
+def _nibbles(blocks: np.ndarray) -> np.ndarray:
+    """Q4_0 blocks' 4-bit values in weight order, [..., 32] uint8: byte j holds weight j (low nibble) and j + 16."""
     qs = blocks["qs"]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.float32) - 8.0
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def dequantize(blocks: np.ndarray) -> np.ndarray:
+    """Q4_0 rows to float32: w = d * (q - 8)."""
+    q = _nibbles(blocks).astype(np.float32) - 8.0
     return (q * blocks["d"].astype(np.float32)[..., None]).reshape(blocks.shape[0], -1)
 
 
 def _nbits_weight(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_0 rows as MatMulNBits wants them: consecutive weights packed low nibble first, scales as float32."""
-    qs = blocks["qs"]
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)          # [rows, blocks, 32] in weight order
+    q = _nibbles(blocks)                                         # [rows, blocks, 32] in weight order
     packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
     return packed, blocks["d"].astype(np.float32).reshape(-1)
 
