@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install serve test chromium
+.PHONY: install serve test chromium compiler
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,5 +25,11 @@ serve: install
 chromium:
 	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 
-test: install chromium
+# The C++ CPU attention kernel is built on first use with g++ and ninja (torch's cpp_extension, kernels/cpu_paged.py);
+# its tests need both. `serve` runs without them (the torch reference, with a warning).
+compiler:
+	@command -v g++ >/dev/null && command -v ninja >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq g++ ninja-build >/dev/null)
+
+test: install chromium compiler
 	$(PY) -m pytest -q -p no:cacheprovider
