@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install serve test chromium compiler
+.PHONY: install serve test lint chromium compiler
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,5 +31,8 @@ compiler:
 	@command -v g++ >/dev/null && command -v ninja >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq g++ ninja-build >/dev/null)
 
-test: install chromium compiler
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install chromium compiler lint
 	$(PY) -m pytest -q -p no:cacheprovider

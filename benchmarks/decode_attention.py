@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from strata.kernels import cpu_paged, torch_reference
+from strata.kernels import torch_reference
+from strata.kernels.cpu import paged_decode as cpu_paged
 from strata.kernels.metadata import LayerKV
 
 

@@ -12,9 +12,9 @@ import time
 import torch
 
 from strata.server.bench.throughput import make_workload
-from strata.server.config import EngineConfig
-from strata.server.llm_engine import LLMEngine
-from strata.server.sampling_params import SamplingParams
+from strata.server.engine.config import EngineConfig
+from strata.server.engine.llm_engine import LLMEngine
+from strata.server.engine.sampling_params import SamplingParams
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--attention-backend", default="auto")
     args = ap.parse_args()
     engine = LLMEngine(EngineConfig(dtype=args.dtype, kv_cache_memory="3GiB", attention_backend=args.attention_backend))
-    workload = make_workload(64, (16, 512), (200, 256), engine.model_config.vocab_size, seed=0)
+    workload = make_workload(64, (16, 512), (200, 256), engine.model_config.vocab_size, workload_seed=0)
     for prompt, n in workload:
         engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     while any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running + list(engine.scheduler.waiting)):

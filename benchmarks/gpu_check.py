@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from strata.models.named_shapes import hf_config_for
-from strata.server.config import EngineConfig
-from strata.server.llm_engine import LLMEngine
-from strata.server.sampling_params import SamplingParams
+from strata.server.engine.config import EngineConfig
+from strata.server.engine.llm_engine import LLMEngine
+from strata.server.engine.sampling_params import SamplingParams
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 4 << 30, iters: int = 10) -> float:

@@ -28,7 +28,7 @@ print(f"gpu_check: {torch.cuda.get_device_name()} torch {torch.__version__} trit
 PY
 
 # The sm_90 compile-only test is left out: here the kernels really run.
-timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_kernels_triton.py tests/test_cuda_graphs.py \
+timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/server/engine/test_cuda_graphs.py \
     -k "not compiles_without_spills" --junitxml "$OUT/gpu_kernel_tests.xml"
 tests_rc=$?
 timeout 280 "$PYTHON" benchmarks/gpu_check.py --out "$OUT" --budget-s 220

@@ -37,7 +37,6 @@ import httpx
 import psutil
 import uvloop
 
-
 COUNTRIES = ["France", "Germany", "Italy", "Spain", "Japan", "Canada", "Brazil", "Egypt", "Kenya", "Norway",
              "Peru", "Chile", "India", "China", "Mexico", "Greece", "Turkey", "Poland", "Sweden", "Ireland"]
 ELEMENTS = ["gold", "silver", "iron", "copper", "oxygen", "hydrogen", "carbon", "sodium", "helium", "neon",
@@ -185,12 +184,12 @@ def main() -> None:
     ap.add_argument("--embedder", default="auto", help="semantic-cache embedder of `strata serve --embedder`")
     ap.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine (EngineConfig)")
     ap.add_argument("--serve-args", default="", help="more `strata serve` flags, e.g. '--no-access-log'")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workload-seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--note", default="", help="free text about the machine, stored in the JSON")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    plan = workload(args.requests, random.Random(args.seed))
+    plan = workload(args.requests, random.Random(args.workload_seed))
     warm = [("warm-up", "Say hello."), ("warm-up", "Say hello.")]
     with strata_serve(args) as (url, server):
         uvloop.run(drive(url, warm, 1, args.max_tokens))      # first model step and embedder load, not timed

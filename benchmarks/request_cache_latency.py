@@ -17,8 +17,8 @@ import tempfile
 import time
 
 from strata.cache.request.keys import build_key
-from strata.cache.request.templating import template_request
 from strata.cache.request.request_cache import CacheRequest, RequestCache, RequestCacheConfig
+from strata.cache.request.templating import template_request
 
 ANSWER = "Paris is the capital of France. " * 20         # ~640 characters, a typical short answer
 
@@ -49,7 +49,7 @@ async def timed(n: int, make_call, before=lambda: None) -> list[int]:
 
 async def main(n: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        cache = RequestCache(RequestCacheConfig(db_path=os.path.join(tmp, "bench.db")))
+        cache = RequestCache(RequestCacheConfig(db=os.path.join(tmp, "bench.db")))
 
         def forget_rules() -> None:     # drop the policy/templating memos: the hit pays for the full classification
             template_request.cache_clear()

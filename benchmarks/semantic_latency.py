@@ -22,8 +22,8 @@ import numpy as np
 from strata.cache.request.index import VectorIndex
 from strata.cache.request.semantic import SemanticCache
 from strata.server.bench.cache_quality import PARTITION, fill, load_pairs
+from strata.server.bench.data_files import DATASETS_ENV, datasets_dir
 
-DATA = Path("/work/shared/datasets")
 OUT = Path(__file__).parent / "results" / "semantic_latency.json"
 
 
@@ -36,7 +36,7 @@ def percentiles(ms: list[float]) -> dict:
 def hit_latency(embedder: str, n_queries: int) -> dict:
     """Fill from two files, then time fresh paraphrase lookups (embed + search + verify) one by one."""
     cache = SemanticCache.create(embedder)
-    pairs = load_pairs(DATA / "en_hard_pairs.csv") + load_pairs(DATA / "en_paraphrases_gptcache.json")
+    pairs = load_pairs(datasets_dir() / "en_hard_pairs.csv") + load_pairs(datasets_dir() / "en_paraphrases_gptcache.json")
     fill(cache, pairs)
     queries = list(dict.fromkeys(p.query for p in pairs if p.same))[:n_queries]
     cache.lookup("warm up the model", PARTITION)
@@ -82,7 +82,7 @@ def index_latency(sizes: list[int], dim: int, n_queries: int, seed: int = 0) -> 
             if kind == "flat":
                 exact_top = top
             else:
-                row[kind]["recall_at_1"] = round(float(np.mean([a == b for a, b in zip(top, exact_top)])), 4)
+                row[kind]["recall_at_1"] = round(float(np.mean([a == b for a, b in zip(top, exact_top, strict=True)])), 4)
         out.append(row)
         print(json.dumps(row), flush=True)
     return out
@@ -90,11 +90,14 @@ def index_latency(sizes: list[int], dim: int, n_queries: int, seed: int = 0) -> 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", help=f"datasets folder (default: ${DATASETS_ENV}, else ../shared/datasets)")
     ap.add_argument("--embedders", nargs="+", default=["e5-small", "use-multilingual", "minilm"])
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--sizes", type=int, nargs="*", default=[1_000, 10_000, 20_000, 50_000, 100_000])
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    if args.datasets:
+        os.environ[DATASETS_ENV] = args.datasets
     result = {
         "machine": f"{platform.machine()}, {os.cpu_count()}-core CPU, no GPU (shared with other jobs)",
         "load_average_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,8 @@ from strata.cache.request.embedders import load_embedder
 from strata.cache.request.semantic import SemanticCache, Thresholds
 from strata.cache.request.verifier import WEIGHTS_PATH
 from strata.server.bench.cache_quality import PARTITION, Pair, fill, load_pairs
+from strata.server.bench.data_files import DATASETS_ENV, datasets_dir
 
-DATA = Path("/work/shared/datasets")
 DATASETS = ("en_hard_pairs.csv", "zh_faq_pairs.jsonl", "zh_pawsx_dev.tsv", "en_paraphrases_gptcache.json")
 EMB_CACHE = Path("/tmp/strata_semantic_emb")
 FIT_SETS = ("en_hard_pairs.csv", "zh_faq_pairs.jsonl", "en_paraphrases_gptcache.json")
@@ -53,13 +54,13 @@ class DiskCachedEmbedder:
         self.store: dict[str, np.ndarray] = {}
         if self.path.exists():
             with np.load(self.path) as z:
-                self.store = dict(zip(json.loads(str(z["texts"])), z["vectors"]))
+                self.store = dict(zip(json.loads(str(z["texts"])), z["vectors"], strict=True))
         self.dirty = False
 
     def encode(self, texts: list[str]) -> np.ndarray:
         todo = [t for t in dict.fromkeys(texts) if t not in self.store]
         if todo:
-            self.store.update(zip(todo, self.inner.encode(todo)))
+            self.store.update(zip(todo, self.inner.encode(todo), strict=True))
             self.dirty = True
         return np.stack([self.store[t] for t in texts])
 
@@ -80,7 +81,7 @@ class Scored:
 
 def candidate_rows(embedder: DiskCachedEmbedder, dataset: str, top_k: int = TOP_K) -> list[Scored]:
     """Fill a cache with the file's cached questions and collect each query's top-k with contrast features."""
-    pairs = load_pairs(DATA / dataset)
+    pairs = load_pairs(datasets_dir() / dataset)
     cache = SemanticCache(embedder, Thresholds(serve=1.0, similar=-1.0), top_k=top_k)
     queries = fill(cache, pairs)
     found = {q: cache.candidates(q, PARTITION, vec) for q, vec in queries.items()}
@@ -111,9 +112,12 @@ def fit(x: np.ndarray, y: np.ndarray) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", help=f"datasets folder (default: ${DATASETS_ENV}, else ../shared/datasets)")
     ap.add_argument("--embedders", nargs="+", default=["e5-small", "minilm", "use-multilingual"])
     ap.add_argument("--out", type=Path, default=WEIGHTS_PATH)
     args = ap.parse_args()
+    if args.datasets:
+        os.environ[DATASETS_ENV] = args.datasets
     from sklearn.metrics import roc_auc_score
 
     out = {"features": list(FEATURES), "top_k": TOP_K, "fit_top_k": FIT_TOP_K, "fit_sets": list(FIT_SETS),
@@ -137,7 +141,7 @@ def main() -> None:
             report[d] = {"held_out_rows": len(hy), "auc_verifier": round(roc_auc_score(hy, z), 4) if cos_auc else None,
                          "auc_cosine": round(cos_auc, 4) if cos_auc else None}
         out["embedders"][emb.name] = {**model, "train_rows": len(y), "held_out": report}
-        print(json.dumps({emb.name: {"coef": dict(zip(FEATURES, model["coef"])), "held_out": report,
+        print(json.dumps({emb.name: {"coef": dict(zip(FEATURES, model["coef"], strict=True)), "held_out": report,
                                      "seconds": round(time.time() - t0, 1)}}, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")

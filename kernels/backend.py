@@ -4,12 +4,13 @@ cannot be built), the torch reference or the Triton interpreter on request."""
 import functools
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from strata.kernels import cpu_paged, torch_reference
+from strata.kernels import torch_reference
+from strata.kernels.cpu import paged_decode as cpu_paged
 from strata.kernels.metadata import AttentionMetadata, LayerKV
 
 BACKENDS = ("auto", "cpu", "torch", "triton", "triton-interpret")
@@ -29,7 +30,7 @@ class AttentionBackend:
 TORCH = AttentionBackend(
     "torch", torch_reference.write_kv, torch_reference.paged_decode_attention, torch_reference.paged_prefill_attention
 )
-# Decode reads the cache in place (cpu_paged_decode.cpp); writes and prefill (compute-bound, SDPA's flash kernel)
+# Decode reads the cache in place (cpu/paged_decode.cpp); writes and prefill (compute-bound, SDPA's flash kernel)
 # stay on torch.
 CPU = AttentionBackend("cpu", torch_reference.write_kv, cpu_paged.paged_decode_attention,
                        torch_reference.paged_prefill_attention)
@@ -59,9 +60,9 @@ def get_backend(name: str, device: torch.device) -> AttentionBackend:
     if resolved == "cpu":
         cpu_paged.load()          # a forced 'cpu' that cannot be built fails here, with the compiler's message
         return CPU
-    from strata.kernels import triton_attention  # imported lazily: triton is optional off CUDA
+    from strata.kernels.triton import attention_backend  # imported lazily: triton is optional off CUDA
 
-    return triton_attention.BACKEND
+    return attention_backend.BACKEND
 
 
 @functools.cache

@@ -12,7 +12,7 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric INT8 with one fp16 scale per (token, kv-head): x [T, H, D] -> (int8 [T, H, D], scale [T, H]).
 
     The scale is rounded to fp16 before dividing, so what is stored dequantizes exactly as it was quantized;
-    fp16 scales (not fp32) keep an INT8 block at 1.94x the tokens of bf16 for head_dim 64.
+    fp16 scales (not fp32) keep an INT8 block close to twice the tokens of a bf16 one.
     """
     x = x.float()
     scale = (x.abs().amax(dim=-1).clamp_min(MIN_ABSMAX) / INT8_MAX).half().float()
@@ -68,8 +68,8 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.float16 else dtype
 
 
-# How many padded cached tokens one more length group is worth: the fastest of 0, 256, ..., 4096 for a batch of 64
-# mixed lengths on the 2-core EPYC in most sweeps (the VM's noise made 2048 win some; both beat one group 2-3x).
+# How many padded cached tokens one more length group is worth: chosen by sweeping 0, 256, ..., 4096 for a batch of
+# 64 mixed lengths (benchmarks/decode_step.py; docs/benchmarks.md).
 GROUP_OVERHEAD_TOKENS = 1024
 
 
@@ -125,7 +125,7 @@ def attend_decode(qg: torch.Tensor, kv: LayerKV, block_tables: torch.Tensor, con
     """Scaled queries [Hkv, b, G, D] against the blocks in block_tables -> [Hkv, b, G, D].
 
     GQA without copies: the G query heads of a KV head are G rows against that head's keys, so two batched
-    matmuls cover every group; on CPU they run 2-3x faster than SDPA's flash kernel for so few query rows.
+    matmuls cover every group; on CPU they beat SDPA's flash kernel for so few query rows.
     """
     k, v = gather_kv(kv, block_tables, dtype)  # [Hkv, b, L, D]
     scores = torch.matmul(qg, k.transpose(-1, -2)).to(torch.promote_types(dtype, torch.float32))  # softmax >= fp32
@@ -155,7 +155,7 @@ def paged_prefill_attention(q: torch.Tensor, kv: LayerKV, meta: AttentionMetadat
         if q_len != context_len:
             q_pos = torch.arange(context_len - q_len, context_len, device=q.device)
             mask = torch.arange(context_len, device=q.device)[None, :] <= q_pos[:, None]
-        # 4-d inputs: SDPA runs 3-d ones (and GQA) through its slow math path on CPU, 4-d through flash (2x).
+        # 4-d inputs: SDPA runs 3-d ones (and GQA) through its slow math path on CPU, 4-d through flash.
         o = torch.nn.functional.scaled_dot_product_attention(
             q[start:end].to(dtype).transpose(0, 1)[None], k[None], v[None],
             attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=num_kv_heads != num_heads,

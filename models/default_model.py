@@ -35,7 +35,7 @@ def find_default_gguf() -> Path:
 
 
 def ensure_default_model() -> Path:
-    """Return the converted default-model folder, converting the GGUF on first use (about 15 s)."""
+    """Return the converted default-model folder, converting the GGUF on first use."""
     target = default_model_dir()
     if (target / "config.json").exists():
         return target

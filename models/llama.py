@@ -96,10 +96,11 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Token ids of a flat, mixed prefill/decode batch in; hidden states out; logits only for rows asked."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int):
+    def __init__(self, cfg: ModelConfig, max_model_len: int):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, max_positions)
+        self.max_model_len = max_model_len       # positions the rotary table covers: the engine's context length
+        self.model = LlamaModel(cfg, max_model_len)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -114,7 +115,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rope.lookup(positions, x.dtype)
-        for layer, kv in zip(self.model.layers, kv_layers):
+        for layer, kv in zip(self.model.layers, kv_layers, strict=True):
             x = layer(rope, x, kv, meta, backend)
         return self.model.norm(x)
 

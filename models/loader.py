@@ -29,10 +29,11 @@ def load_model(
     model_config: str | None,
     dtype: torch.dtype,
     device: torch.device,
-    max_positions: int,
+    max_model_len: int | None = None,
     seed: int = 0,
 ) -> LlamaForCausalLM:
-    """Instantiate our forward and fill it: from safetensors, or random (dummy) weights of a named real shape."""
+    """Instantiate our forward and fill it: from safetensors, or random (dummy) weights of a named real shape.
+    max_model_len (None = the model's own) sizes the rotary table; it never exceeds the model's own."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load format {load_format!r}; choose one of {LOAD_FORMATS}")
     if load_format == "dummy":
@@ -41,8 +42,9 @@ def load_model(
         cfg = ModelConfig.from_hf(hf_config_for(model_config), name=model_config)
     else:
         cfg = read_config(path)
+    max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
     with torch.device(device):
-        model = LlamaForCausalLM(cfg, max_positions).to(dtype)
+        model = LlamaForCausalLM(cfg, max_model_len).to(dtype)
     model.eval().requires_grad_(False)
     if load_format == "dummy":
         fill_random(model, seed)

@@ -1,1 +1,1 @@
-"""strata.server"""
+"""strata.server: the engine, the HTTP API, the benchmarks and the command line."""

@@ -12,7 +12,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
-
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The converted SmolLM2-135M-Instruct folder (converted from the shipped GGUF on first use)."""

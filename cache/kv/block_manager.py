@@ -17,8 +17,8 @@ class BlockTableOwner(Protocol):
 
     token_ids: list[int]
     block_table: list[int]
-    num_hashed_blocks: int
-    last_block_hash: int
+    block_hashes: list[int]      # chain hashes of its full blocks' tokens, filled once (they never change)
+    num_hashed_blocks: int       # leading blocks of its table registered in the prefix cache
 
 
 @dataclass(slots=True)
@@ -71,18 +71,26 @@ class BlockManager:
         h.update(b"".join(t.to_bytes(4, "little", signed=True) for t in token_ids))
         return h.intdigest()
 
+    def block_tokens(self, seq: BlockTableOwner, i: int) -> tuple[int, ...]:
+        return tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
+
+    def block_hashes(self, seq: BlockTableOwner, num_blocks: int) -> list[int]:
+        """The chain hashes of seq's first num_blocks (full) blocks, computed once per block and kept on seq: a
+        request that waits for blocks is matched against the prefix cache every step without hashing again."""
+        hashes = seq.block_hashes
+        for i in range(len(hashes), num_blocks):
+            hashes.append(self.chain_hash(hashes[-1] if hashes else self.root_hash, self.block_tokens(seq, i)))
+        return hashes[:num_blocks]
+
     # -- allocation -------------------------------------------------------------------------------------
     def match_prefix(self, seq: BlockTableOwner) -> list[int]:
         """Cached blocks equal to the start of seq's tokens (never its last token: that one must be computed)."""
         if not self.enable_prefix_caching:
             return []
-        hits, parent = [], self.root_hash
-        full = (len(seq.token_ids) - 1) // self.block_size
-        for i in range(full):
-            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            parent = self.chain_hash(parent, tokens)
-            block_id = self.cached.get(parent)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
+        hits = []
+        for i, h in enumerate(self.block_hashes(seq, (len(seq.token_ids) - 1) // self.block_size)):
+            block_id = self.cached.get(h)
+            if block_id is None or self.blocks[block_id].token_ids != self.block_tokens(seq, i):
                 break
             hits.append(block_id)
         return hits
@@ -111,7 +119,6 @@ class BlockManager:
             block.ref_count += 1
             seq.block_table.append(block_id)
         seq.num_hashed_blocks = len(hits)
-        seq.last_block_hash = self.blocks[hits[-1]].hash if hits else self.root_hash
         for _ in range(self.blocks_needed(num_tokens) - len(hits)):
             seq.block_table.append(self._take_free_block())
         return len(hits) * self.block_size
@@ -139,14 +146,12 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full = num_computed_tokens // self.block_size
+        hashes = self.block_hashes(seq, full)
         for i in range(seq.num_hashed_blocks, full):
-            tokens = tuple(seq.token_ids[i * self.block_size:(i + 1) * self.block_size])
-            h = self.chain_hash(seq.last_block_hash, tokens)
             block = self.blocks[seq.block_table[i]]
-            if h not in self.cached:
-                block.hash, block.token_ids = h, tokens
-                self.cached[h] = block.block_id
-            seq.last_block_hash = h
+            if hashes[i] not in self.cached:
+                block.hash, block.token_ids = hashes[i], self.block_tokens(seq, i)
+                self.cached[hashes[i]] = block.block_id
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
 
     def free_sequence(self, seq: BlockTableOwner) -> None:

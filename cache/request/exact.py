@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from cachetools import TLRUCache
 
@@ -25,11 +25,17 @@ class ExactCache:
         self.lock = threading.Lock()
 
     def get(self, entry_id: str) -> Entry | None:
-        """The live entry under entry_id, or None."""
+        """The live entry under entry_id, or None: memory, then the store (which may block: not on an event loop)."""
+        entry = self.get_memory(entry_id)
+        return entry if entry is not None else self.get_stored(entry_id)
+
+    def get_memory(self, entry_id: str) -> Entry | None:
+        """The entry if it is in memory (never blocks on the store)."""
         with self.lock:
-            entry = self.memory.get(entry_id)
-        if entry is not None:
-            return entry
+            return self.memory.get(entry_id)
+
+    def get_stored(self, entry_id: str) -> Entry | None:
+        """The live entry from the store, promoted to memory; reads the store, so call it off the event loop."""
         entry = self.store.get(entry_id)
         if entry is None or entry.expires_at <= self.clock():
             return None

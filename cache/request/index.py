@@ -4,8 +4,8 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-# One query at a time: OpenMP fan-out buys nothing and, on a busy 2-core host, its spin-waits turned a 100k
-# exact search from 10 ms into 56 ms p50 (benchmarks/semantic_latency.py).
+# One query at a time: OpenMP fan-out buys nothing and, on a busy host, its spin-waits make a search several times
+# slower (benchmarks/semantic_latency.py).
 faiss.omp_set_num_threads(1)
 
 
@@ -71,7 +71,7 @@ class VectorIndex:
         vec = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, -1)
         k = min(k, len(self._pos))
         scores, ids = self._index.search(vec, k, params=self._params())
-        return [(self._keys[i], float(s)) for s, i in zip(scores[0], ids[0]) if i >= 0 and self._keys[i] is not None]
+        return [(self._keys[i], float(s)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0 and self._keys[i] is not None]
 
     def _params(self) -> faiss.SearchParameters | None:
         """Search parameters, cached until the next add/remove: faiss keeps raw pointers, so we hold the objects."""

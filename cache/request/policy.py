@@ -77,7 +77,7 @@ class Policy:
         self.ttl_class = cached(LRUCache(8192), lock=threading.Lock())(self.ttl_class)
 
     @classmethod
-    def load(cls, path: str | Path | None = None, **kwargs) -> "Policy":
+    def load(cls, path: str | Path | None = None, **kwargs) -> Policy:
         """Read rules from path, or the shipped defaults when path is None."""
         try:
             text = Path(path).read_text("utf-8") if path else \

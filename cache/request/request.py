@@ -47,8 +47,9 @@ class CacheRequest:
 class CacheHit:
     """A served answer and where it came from, so the server can say so in headers."""
 
-    layer: str                        # "exact" | "semantic" | "semantic-similar"
+    layer: str                        # "exact" | "semantic" | "semantic-similar" | "shared" (a concurrent twin's)
     text: str                         # templated answer already filled for this request
     similarity: float | None          # 1.0 for exact
     entry_id: str
     age_s: float
+    source: str | None = None         # "shared": the layer that answered the twin (miss = it was computed)

@@ -2,15 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import threading
 import time
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable
-
+from typing import TYPE_CHECKING
 
 from strata.cache.request.config import RequestCacheConfig
 from strata.cache.request.exact import ExactCache
@@ -23,7 +21,7 @@ from strata.cache.request.request import CacheHit, CacheRequest
 from strata.cache.request.single_flight import RELEASED, Flight, SingleFlight
 from strata.cache.request.stats import CacheStats
 from strata.cache.request.store import Entry, SQLiteStore, Store
-from strata.cache.request.templating import fill_answer, template_answer, template_request
+from strata.cache.request.templating import fill_answer, has_placeholder, template_answer, template_request
 from strata.cache.request.write_back import WriteBack
 
 if TYPE_CHECKING:
@@ -39,17 +37,18 @@ __all__ = ["CacheHit", "CacheRequest", "Lookup", "RequestCache", "RequestCacheCo
 @dataclass(slots=True, eq=False)
 class Lookup:
     """The outcome of one lookup. On a miss (or a no-cache bypass) the caller computes, then calls exactly one of
-    complete(text) or fail(exc); on a hit or a plain bypass both are harmless no-ops.
+    complete(text) or fail(exc), and release() when it gives up without either (always safe to call: it releases
+    single-flight followers only when neither came); on a hit or a plain bypass all three are harmless no-ops.
     """
 
-    layer: str                        # "exact" | "semantic" | "semantic-similar" | "miss" | "bypass" | "negative"
+    layer: str                        # "exact" | "semantic" | "semantic-similar" | "shared" | "miss" | "bypass" | "negative"
     reason: str                       # TTL class, bypass reason, "single-flight", "penetration-guard", ...
     hit: CacheHit | None = None
     error: Exception | None = None    # layer "negative": the same request failed moments ago
     key: RequestKey | None = field(default=None, repr=False)
     decision: Decision | None = field(default=None, repr=False)
     write: bool = False               # complete() queues a write-back
-    cache: "RequestCache | None" = field(default=None, repr=False)
+    cache: RequestCache | None = field(default=None, repr=False)
     flight: Flight | None = field(default=None, repr=False)
     done: bool = False
 
@@ -71,15 +70,19 @@ class Lookup:
         if self.cache is not None:
             self.cache._fail(self, exc)
 
+    def release(self) -> None:
+        """Give up without an answer (a client gone before computing, an error before the engine): followers
+        stop waiting and compute themselves. A no-op after complete() or fail()."""
+        if self.done:
+            return
+        self.done = True
+        if self.flight is not None and self.cache is not None:
+            self.cache.flights.finish(self.flight, RELEASED)
+
     def _finish(self) -> None:
         if self.done:
-            raise RuntimeError("complete()/fail() was already called for this lookup")
+            raise RuntimeError("complete()/fail()/release() was already called for this lookup")
         self.done = True
-
-    def __del__(self) -> None:
-        # a miss dropped without complete()/fail() (a bug, a disconnect) must not hold its followers hostage
-        if not self.done and self.flight is not None and self.cache is not None:
-            self.cache.flights.finish(self.flight, RELEASED)
 
 
 @dataclass(slots=True)
@@ -107,13 +110,14 @@ class RequestCache:
         self.rng = rng or random.Random()
         self.policy = policy or Policy.load(config.policy_rules, temperature_rule=config.temperature_rule,
                                             default_temperature=config.default_temperature)
-        self.store = store if store is not None else SQLiteStore(config.db_path)
+        self.store = store if store is not None else SQLiteStore(config.db)
         self.exact = ExactCache(self.store, config.max_entries, config.max_bytes, clock)
         self.semantic = semantic
         self.flights = SingleFlight()
         self.guard = MissGuard(config.miss_window_s, config.miss_limit, config.negative_ttl_s, clock)
         self._stats = CacheStats(config.review_size)
         self.touched: dict[str, Entry] = {}       # hit counts not yet persisted
+        self.touch_lock = threading.Lock()        # the event loop counts hits, the writer thread persists them
         self.generation = 0                       # bumped by invalidate(): writes queued before it are dropped
         self.write_lock = threading.Lock()
         self.closed = False
@@ -139,7 +143,7 @@ class RequestCache:
                           cache=self if decision.write else None)
         while True:
             if decision.lookup_exact:
-                hit = self._exact_hit(req, key, decision)
+                hit = await self._exact_hit(req, key, decision)
                 if hit is not None:
                     return hit
             error = self.guard.failure(key.flight)
@@ -154,8 +158,11 @@ class RequestCache:
                 continue
             return await self._lead(req, key, decision, flight)
 
-    def _exact_hit(self, req: CacheRequest, key: RequestKey, decision: Decision) -> Lookup | None:
-        entry = self.exact.get(key.exact)
+    async def _exact_hit(self, req: CacheRequest, key: RequestKey, decision: Decision) -> Lookup | None:
+        """Memory on the event loop; the store (SQLite, which the writer thread may hold) in a worker thread."""
+        entry = self.exact.get_memory(key.exact)
+        if entry is None:
+            entry = await asyncio.to_thread(self.exact.get_stored, key.exact)
         text = self._serve(entry, req, key) if entry is not None else None
         if text is None:
             self._stats.count("exact.miss")
@@ -187,9 +194,8 @@ class RequestCache:
                       write=not guarded, cache=self, flight=flight)
 
     async def _semantic_hit(self, req: CacheRequest, key: RequestKey, decision: Decision, flight: Flight) -> Lookup | None:
-        flight.embedding, match = await asyncio.to_thread(self._embed_and_search, key)
+        flight.embedding, match, entry = await asyncio.to_thread(self._embed_and_search, key)
         if match is not None:
-            entry = self.exact.get(match.entry_id)
             text = self._serve(entry, req, key) if entry is not None else None
             if text is None:
                 self._stats.count("semantic.rejected")
@@ -218,10 +224,12 @@ class RequestCache:
             return found
         return None
 
-    def _embed_and_search(self, key: RequestKey) -> tuple[np.ndarray, SemanticMatch | None]:
-        """Both in one worker-thread hop: under load each hop waits for the GIL and a core again."""
+    def _embed_and_search(self, key: RequestKey) -> tuple[np.ndarray, SemanticMatch | None, Entry | None]:
+        """Embed, search and read the matched entry in one worker-thread hop: under load each hop waits for the GIL
+        and a core again, and the entry may have to come from the store."""
         embedding = self.semantic.embed(key.text)
-        return embedding, self.semantic.lookup(key.text, key.partition, embedding)
+        match = self.semantic.lookup(key.text, key.partition, embedding)
+        return embedding, match, self.exact.get(match.entry_id) if match is not None else None
 
     async def _follow(self, flight: Flight, key: RequestKey, decision: Decision, similarity: float | None) -> Lookup | None:
         """Await a leader. similarity None: same literal request, its answer is ours. Otherwise a semantic
@@ -239,10 +247,11 @@ class RequestCache:
             return Lookup("negative", "leader-failed", error=exc, key=key, decision=decision)
         if outcome is RELEASED:
             return None
-        if similarity is None:              # same literal request: the leader's answer, labelled as it was served
+        if similarity is None:              # same literal request: the answer the leader got, shared as it came
             self._stats.count("single_flight.follower")
-            return Lookup(flight.layer, "single-flight", CacheHit(flight.layer, outcome, flight.similarity, key.exact, 0.0),
-                          key=key, decision=decision)
+            self._stats.observe_hit("shared", flight.similarity, 0.0)
+            hit = CacheHit("shared", outcome, flight.similarity, key.exact, 0.0, source=flight.layer)
+            return Lookup("shared", "single-flight", hit, key=key, decision=decision)
         text = self._retemplate(outcome, flight.key, key)
         if text is None:
             return None
@@ -254,7 +263,7 @@ class RequestCache:
         """The entry's answer filled for this request, or None when it must not serve it (tenant, partition, expiry)."""
         if entry.tenant != req.tenant or entry.partition != key.partition or entry.expires_at <= self.clock():
             return None
-        return fill_answer(entry.answer, key.values) if "\u27e6" in entry.answer else entry.answer
+        return fill_answer(entry.answer, key.values) if has_placeholder(entry.answer) else entry.answer
 
     @staticmethod
     def _retemplate(answer: str, source: RequestKey, target: RequestKey) -> str | None:
@@ -265,9 +274,10 @@ class RequestCache:
 
     def _touch(self, entry: Entry) -> float:
         now = self.clock()
-        entry.hits += 1
-        entry.last_hit = now
-        self.touched[entry.entry_id] = entry
+        with self.touch_lock:
+            entry.hits += 1
+            entry.last_hit = now
+            self.touched[entry.entry_id] = entry
         return now
 
     async def get_or_compute(self, req: CacheRequest, compute: Callable[[], Awaitable[str]]) -> tuple[str, Lookup]:
@@ -332,14 +342,16 @@ class RequestCache:
     def _why_not_write(self, job: _Write) -> str | None:
         if not job.answer.strip():
             return "empty"
-        if not job.key.personal and ("\u27e6" in job.answer or has_pii(job.answer)):
+        if not job.key.personal and (has_placeholder(job.answer) or has_pii(job.answer)):
             return "pii"
         return None
 
     def _persist_hits(self) -> None:
-        touched, self.touched = self.touched, {}
-        for entry in touched.values():
-            self.store.touch(entry.entry_id, entry.hits, entry.last_hit)
+        with self.touch_lock:
+            touched, self.touched = self.touched, {}
+            counts = [(entry.entry_id, entry.hits, entry.last_hit) for entry in touched.values()]
+        for entry_id, hits, last_hit in counts:
+            self.store.touch(entry_id, hits, last_hit)
 
     # ---- maintenance --------------------------------------------------------------------------------------
 
@@ -400,25 +412,19 @@ class RequestCache:
             self.generation += 1
             return self._remove(candidates)
 
-    def warmup(self, jsonl_path: str | Path, *, tenant: str = "default", model: str | None = None,
+    def warmup(self, records: Iterable[dict], *, tenant: str = "default", model: str | None = None,
                sampling: dict | None = None) -> int:
-        """Write FAQ answers from JSONL lines {"question", "answer", "tenant"?, "model"?, "tags"?, "ttl_class"?}.
+        """Write FAQ answers from records {"question", "answer", "tenant"?, "model"?, "tags"?, "ttl_class"?}.
 
-        Entries are keyed as a single-turn user question with `sampling` (default {"temperature": 0}); lines the
-        policy bypasses are skipped. Returns how many were written.
+        Entries are keyed as a single-turn user question with `sampling` (default {"temperature": 0}); records the
+        policy bypasses are skipped. Every record is checked before any is written (ValueError "record N: ...").
+        Returns how many were written. Embeds and writes: call it off the event loop.
         """
-        written = 0
-        path = Path(jsonl_path)
-        try:
-            lines = path.read_text("utf-8").splitlines()
-        except OSError as exc:
-            raise ValueError(f"cannot read warm-up file {path}: {exc}") from None
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
+        jobs = []
+        for n, row in enumerate(records, 1):
             try:
-                row = json.loads(line)
-                if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+                if not isinstance(row, dict) or not isinstance(row.get("question"), str) \
+                        or not isinstance(row.get("answer"), str):
                     raise ValueError("needs string fields 'question' and 'answer'")
                 req = CacheRequest(row.get("tenant", tenant), row.get("model", model),
                                    [{"role": "user", "content": row["question"]}],
@@ -431,12 +437,12 @@ class RequestCache:
                 if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
                     raise ValueError("'tags' must be a list of strings")
             except (ValueError, NotCacheable) as exc:
-                raise ValueError(f"{path}:{lineno}: {exc}") from None
+                raise ValueError(f"record {n}: {exc}") from None
             if decision.bypass:
                 self._stats.count(f"warmup.skipped_{decision.reason}")
                 continue
-            written += self._write(_Write(key, decision, row["answer"], tuple(tags), self.generation))
-        return written
+            jobs.append(_Write(key, decision, row["answer"], tuple(tags), self.generation))
+        return sum(self._write(job) for job in jobs)
 
     # ---- observability and lifecycle ----------------------------------------------------------------------
 

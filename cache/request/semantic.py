@@ -41,7 +41,7 @@ class Thresholds:
         if not 0.0 <= self.verify_similar <= self.verify_serve <= 1.0:
             raise ValueError(f"need 0 <= verify_similar <= verify_serve <= 1, got {self.verify_similar}, {self.verify_serve}")
 
-    def for_text(self, text: str) -> "Thresholds":
+    def for_text(self, text: str) -> Thresholds:
         """One set for every language."""
         return self
 
@@ -58,12 +58,12 @@ class ThresholdTable:
         return self.zh if is_cjk(text) else self.en
 
     @classmethod
-    def load(cls, embedder: str, verified: bool = True, path: Path = THRESHOLDS_PATH) -> "ThresholdTable":
+    def load(cls, embedder: str, second_stage: bool = True, path: Path = THRESHOLDS_PATH) -> ThresholdTable:
         """Calibrated thresholds for this embedder (benchmarks/calibrate_semantic.py), with or without the verifier."""
         table = json.loads(Path(path).read_text(encoding="utf-8"))
         if embedder not in table:
             raise KeyError(f"no calibrated thresholds for embedder {embedder!r} in {path} (have {sorted(table)})")
-        sets = table[embedder]["verified" if verified else "cosine_only"]
+        sets = table[embedder]["verified" if second_stage else "cosine_only"]
         return cls(**{lang: Thresholds(**sets[lang]) for lang in ("en", "zh")})
 
 
@@ -103,16 +103,16 @@ class SemanticCache:
         self._encode_lock = contextlib.nullcontext() if getattr(embedder, "concurrent", False) else threading.Lock()
 
     @classmethod
-    def create(cls, embedder: str = "auto", verified: bool = True, **kwargs) -> "SemanticCache":
-        """The shipped configuration for a named embedder: its calibrated thresholds and, if verified, its verifier."""
+    def create(cls, embedder: str = "auto", second_stage: bool = True, **kwargs) -> SemanticCache:
+        """The shipped configuration for a named embedder: its calibrated thresholds and, with second_stage, its verifier."""
         from .embedders import load_embedder
 
         model = load_embedder(embedder)
-        verifier = Verifier.load(model.name) if verified else None
-        return cls(model, ThresholdTable.load(model.name, verified), verifier, **kwargs)
+        verifier = Verifier.load(model.name) if second_stage else None
+        return cls(model, ThresholdTable.load(model.name, second_stage), verifier, **kwargs)
 
     @classmethod
-    def from_config(cls, config: "RequestCacheConfig") -> "SemanticCache":
+    def from_config(cls, config: RequestCacheConfig) -> SemanticCache:
         """The semantic layer a RequestCacheConfig describes."""
         return cls.create(config.embedder, config.second_stage, top_k=config.semantic_top_k,
                           hnsw_min_size=config.hnsw_min_size, embed_cache_size=config.embed_cache_size)

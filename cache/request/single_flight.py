@@ -20,8 +20,8 @@ class Flight:
     embedding: np.ndarray | None = field(default=None, repr=False)
     followers: int = 0
     following: bool = False     # its leader waits on another flight: nobody may wait on it in turn (no cycles)
-    layer: str = "exact"        # how the leader got its answer, passed on to its followers
-    similarity: float = 1.0
+    layer: str = "miss"         # how the leader got its answer (a cache layer, or "miss": computed)
+    similarity: float = 1.0     # the leader's hit similarity (1.0 when it computed), passed on to its followers
 
 
 class SingleFlight:

@@ -46,7 +46,7 @@ class CacheStats:
         """One served hit: its layer, age and (semantic layers only, for threshold tuning) similarity."""
         with self.lock:
             self.counts[f"{layer}.hit"] += 1
-            if layer != "exact":
+            if layer.startswith("semantic"):
                 self.similarity.observe(similarity)
             self.hit_age.observe(age_s)
 

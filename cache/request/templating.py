@@ -64,6 +64,11 @@ def template_answer(answer: str, values: dict[str, str]) -> str | None:
     return answer
 
 
+def has_placeholder(text: str) -> bool:
+    """Whether text carries a template placeholder (a templated answer, or text that would be mistaken for one)."""
+    return _OPEN in text
+
+
 def fill_answer(answer: str, values: dict[str, str]) -> str | None:
     """A stored answer with its placeholders filled from this request, or None when one has no value."""
     missing = False

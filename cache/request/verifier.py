@@ -23,7 +23,7 @@ class Verifier:
     intercept: float
 
     @classmethod
-    def load(cls, embedder: str, path: Path = WEIGHTS_PATH) -> "Verifier":
+    def load(cls, embedder: str, path: Path = WEIGHTS_PATH) -> Verifier:
         """Weights fitted for this embedder by benchmarks/train_verifier.py (cosine scales differ per embedder)."""
         models = json.loads(Path(path).read_text(encoding="utf-8"))
         if models.get("features") != list(FEATURES):
@@ -35,7 +35,7 @@ class Verifier:
 
     def probability(self, values: list[float]) -> float:
         """P(same question) from one pair's contrast feature values (FEATURES order)."""
-        z = self.intercept + sum(c * (v - m) / s for c, v, m, s in zip(self.coef, values, self.mean, self.scale))
+        z = self.intercept + sum(c * (v - m) / s for c, v, m, s in zip(self.coef, values, self.mean, self.scale, strict=True))
         return 1.0 / (1.0 + math.exp(-max(min(z, 50.0), -50.0)))
 
     def judge(self, pair: Contrast) -> float:

@@ -1,25 +1,24 @@
 """`strata bench cache-quality`: precision and hit rate of the semantic cache on labelled question pairs.
 
-Protocol (/work/shared/datasets/README.md): fill an empty cache with every distinct cached question (its
+Protocol (the shared datasets' README.md): fill an empty cache with every distinct cached question (its
 answer is its own id), ask every query; a hit on the pair's own question when same=true is correct, any
 other hit is false, no hit is a miss.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import csv
 import json
 import os
 import platform
 import re
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from strata.cache.request.config import RequestCacheConfig
 from strata.cache.request.semantic import SemanticCache, SemanticMatch, ThresholdTable
 
 PARTITION = "bench"
@@ -80,7 +79,7 @@ def fill(cache: SemanticCache, pairs: list[Pair], batch: int = 64) -> dict[str, 
     for texts in (cached, queries):
         for i in range(0, len(texts), batch):
             chunk = texts[i:i + batch]
-            vectors.update(zip(chunk, cache.embedder.encode(chunk)))
+            vectors.update(zip(chunk, cache.embedder.encode(chunk), strict=True))
     for text in cached:
         cache.add(text, text, PARTITION, vectors[text])
     return {q: vectors[q] for q in queries}
@@ -158,20 +157,20 @@ async def _answer(i: int) -> str:
     return f"answer-{i}"
 
 
-def run_cache_quality(pairs: Path | None = None, bypass: Path | None = None, embedder: str = "auto",
-                      second_stage: bool = True, top_k: int = 5) -> dict:
-    """Run the quality bench: on a pairs file, the bypass file, or both; defaults are `strata serve`'s."""
+def run_cache_quality(pairs: Path | None, bypass: Path | None, config: RequestCacheConfig) -> dict:
+    """Run the quality bench on a pairs file, the bypass file, or both, with the semantic layer `config` describes
+    (its defaults are `strata serve`'s)."""
     if pairs is None and bypass is None:
         raise ValueError("give --pairs FILE and/or --bypass FILE")
     result: dict = {}
     if pairs is not None:
-        cache = SemanticCache.create(embedder, verified=second_stage, top_k=top_k)
+        cache = SemanticCache.from_config(config)
         result.update(evaluate_pairs(cache, load_pairs(pairs)))
-        result.update({"file": str(pairs), "embedder": cache.embedder.name, "second_stage": second_stage,
-                       "top_k": top_k, "thresholds": _thresholds(cache),
+        result.update({"file": str(pairs), "embedder": cache.embedder.name, "second_stage": config.second_stage,
+                       "top_k": config.semantic_top_k, "thresholds": _thresholds(cache),
                        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU"})
     if bypass is not None:
-        result["bypass"] = asyncio.run(run_bypass(bypass, SemanticCache.create(embedder, verified=second_stage, top_k=top_k)))
+        result["bypass"] = asyncio.run(run_bypass(bypass, SemanticCache.from_config(config)))
         result.update(bypass_rate=result["bypass"]["bypass_rate"], written=result["bypass"]["written"])
     return result
 
@@ -181,24 +180,3 @@ def _thresholds(cache: SemanticCache) -> dict:
     sets = {"en": t.en, "zh": t.zh} if isinstance(t, ThresholdTable) else {"all": t}
     keys = ("serve", "similar", "verify_serve", "verify_similar") if cache.verifier else ("serve", "similar")
     return {lang: {k: getattr(x, k) for k in keys} for lang, x in sets.items()}
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m strata.server.bench.cache_quality --pairs FILE --json`."""
-    ap = argparse.ArgumentParser(prog="cache-quality", description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", type=Path, help="JSONL {cached, query, same, lang}, or a CSV/TSV/JSON from /work/shared/datasets")
-    ap.add_argument("--bypass", type=Path, help="JSONL {query, why}: each asked twice through RequestCache")
-    ap.add_argument("--embedder", default="auto", help="auto | minilm | e5-small | use-multilingual | hash")
-    ap.add_argument("--no-second-stage", action="store_true", help="cosine thresholds only (no contrast verifier)")
-    ap.add_argument("--top-k", type=int, default=5)
-    ap.add_argument("--json", action="store_true", help="print JSON (the default output too)")
-    args = ap.parse_args(argv)
-    try:
-        result = run_cache_quality(args.pairs, args.bypass, args.embedder, not args.no_second_stage, args.top_k)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
-        sys.exit(f"cache-quality: {exc}")
-    print(json.dumps(result, ensure_ascii=False, indent=None if args.json else 2))
-
-
-if __name__ == "__main__":
-    main()

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import torch
 
+from strata.server.bench.data_files import packaged
 from strata.server.bench.throughput import make_workload
-from strata.server.config import EngineConfig
-from strata.server.llm_engine import LLMEngine, RequestOutput
-from strata.server.sampling_params import SamplingParams
+from strata.server.engine.config import EngineConfig
+from strata.server.engine.llm_engine import LLMEngine, RequestOutput
+from strata.server.engine.sampling_params import SamplingParams
 
-DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
-TEXT = DATA / "public_domain_en.txt"  # first line names the sources
-PROMPTS = DATA / "int8_prompts.json"
+TEXT = packaged("public_domain_en.txt")  # first line names the sources
+PROMPTS = packaged("int8_prompts.json")
 SWAP_GIB = 0.25
 
 
@@ -74,10 +74,10 @@ def p50_ms(outs: list[RequestOutput]) -> float:
 
 
 def shared_prefix_workload(vocab_size: int, num_requests: int, system_tokens: int, unique_range: tuple[int, int],
-                           output_tokens: int, seed: int) -> list[tuple[list[int], int]]:
+                           output_tokens: int, workload_seed: int) -> list[tuple[list[int], int]]:
     """Requests that all start with the same system prompt, then a prompt of their own."""
-    system = make_workload(1, (system_tokens, system_tokens), (0, 0), vocab_size, seed + 1)[0][0]
-    own = make_workload(num_requests, unique_range, (output_tokens, output_tokens), vocab_size, seed)
+    system = make_workload(1, (system_tokens, system_tokens), (0, 0), vocab_size, workload_seed + 1)[0][0]
+    own = make_workload(num_requests, unique_range, (output_tokens, output_tokens), vocab_size, workload_seed)
     return [(system + prompt, n) for prompt, n in own]
 
 
@@ -108,10 +108,10 @@ def run_row(base: EngineConfig, setting: dict, workload_for: Callable[[int], lis
 
 def run_kv_sweep(config: EngineConfig, settings: list[dict] | None = None, num_requests: int = 24,
                  system_tokens: int = 128, unique_range: tuple[int, int] = (16, 48), output_tokens: int = 32,
-                 ppl_tokens: int = 512, seed: int = 0) -> list[dict]:
+                 ppl_tokens: int = 512, workload_seed: int = 0) -> list[dict]:
     """One row per setting, all on the same workload and the same --kv-cache-memory."""
     workload_for = functools.partial(shared_prefix_workload, num_requests=num_requests, system_tokens=system_tokens,
-                                     unique_range=unique_range, output_tokens=output_tokens, seed=seed)
+                                     unique_range=unique_range, output_tokens=output_tokens, workload_seed=workload_seed)
     ppls: dict = {}
     return [run_row(config, setting, workload_for, ppl_tokens, ppls) for setting in settings or sweep_settings()]
 
@@ -134,7 +134,7 @@ def sweep_report(rows: list[dict], config: EngineConfig, load_at_start: tuple[fl
             "max_num_batched_tokens": config.max_num_batched_tokens, **workload,
             "workload": "every request starts with the same system prompt (random token ids), then its own prompt; "
                         "all submitted at once, greedy, ignore_eos; tok_s = output tokens / wall time",
-            "ppl": f"perplexity of the first ppl_tokens tokens of {TEXT.relative_to(DATA.parents[1])} through the "
+            "ppl": f"perplexity of the first ppl_tokens tokens of server/bench/data/{TEXT.name} through the "
                    "row's KV pool (see int8_accuracy.json for the whole text)",
             "threads": torch.get_num_threads(), "machine_note": machine_note(load_at_start),
         },
@@ -165,14 +165,14 @@ def plot_sweep(rows: list[dict], path: Path) -> None:
 
 
 def run_prefix_ttft(config: EngineConfig, num_requests: int = 16, system_tokens: int = 1024,
-                    unique_range: tuple[int, int] = (16, 48), output_tokens: int = 4, seed: int = 0) -> dict:
+                    unique_range: tuple[int, int] = (16, 48), output_tokens: int = 4, workload_seed: int = 0) -> dict:
     """TTFT of requests sharing a long system prompt, prefix caching on vs off: the first request runs alone (with
     caching on it computes the prefix), then the others arrive together; p50 is over those others."""
     result, load_at_start = {}, os.getloadavg()
     for on in (True, False):
         engine = LLMEngine(dataclasses.replace(config, enable_prefix_caching=on))
         workload = shared_prefix_workload(engine.model_config.vocab_size, num_requests, system_tokens, unique_range,
-                                          output_tokens, seed)
+                                          output_tokens, workload_seed)
         drive(engine, [([3, 5, 7, 11], 2)])  # warm-up
         first, _, _ = drive(engine, workload[:1])
         rest, _, seconds = drive(engine, workload[1:])
@@ -183,7 +183,7 @@ def run_prefix_ttft(config: EngineConfig, num_requests: int = 16, system_tokens:
         }
     result["speedup_p50"] = round(result["off"]["ttft_ms_p50"] / result["on"]["ttft_ms_p50"], 2)
     result["settings"] = {"num_requests": num_requests, "system_prompt_tokens": system_tokens,
-                          "own_prompt_tokens": list(unique_range), "output_tokens": output_tokens, "seed": seed,
+                          "own_prompt_tokens": list(unique_range), "output_tokens": output_tokens, "workload_seed": workload_seed,
                           "kv_dtype": engine.kv_layout.kv_dtype, "block_size": config.block_size,
                           "kv_cache_memory": config.kv_cache_memory,
                           "max_num_batched_tokens": config.max_num_batched_tokens,
@@ -193,11 +193,11 @@ def run_prefix_ttft(config: EngineConfig, num_requests: int = 16, system_tokens:
 
 def agreement(reference: list[list[int]], other: list[list[int]]) -> dict:
     """Position-by-position agreement up to each output's first divergence, and the share fully identical."""
-    matched = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-               for a, b in zip(reference, other)]
+    matched = [next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+               for a, b in zip(reference, other, strict=True)]
     total = sum(len(a) for a in reference)
     return {"token_agreement_to_first_divergence": round(sum(matched) / total, 4),
-            "fully_identical_share": round(sum(n == len(a) for n, a in zip(matched, reference)) / len(reference), 4),
+            "fully_identical_share": round(sum(n == len(a) for n, a in zip(matched, reference, strict=True)) / len(reference), 4),
             "first_divergence_positions": matched}
 
 
@@ -218,9 +218,9 @@ def run_int8_accuracy(config: EngineConfig, max_tokens: int = 64,
         "ppl": ppl,
         "ppl_increase_pct_vs_fp32": {d: round((ppl[d] / ppl["fp32"] - 1) * 100, 3) for d in kv_dtypes},
         "greedy_vs_fp32": {d: agreement(tokens["fp32"], tokens[d]) for d in kv_dtypes},
-        "settings": {"text": str(TEXT.relative_to(DATA.parents[1])), "text_tokens": len(ids),
+        "settings": {"text": f"server/bench/data/{TEXT.name}", "text_tokens": len(ids),
                      "prompts": f"{len(prompts['chat'])} chat (chat template) + {len(prompts['raw'])} raw "
-                                f"({PROMPTS.relative_to(DATA.parents[1])})",
+                                f"(server/bench/data/{PROMPTS.name})",
                      "max_tokens": max_tokens, "greedy": True, "ignore_eos": True,
                      "dtype": str(engine.dtype).removeprefix("torch."), "block_size": config.block_size,
                      "kv_cache_memory": config.kv_cache_memory, "threads": torch.get_num_threads(),

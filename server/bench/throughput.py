@@ -7,15 +7,15 @@ import time
 import torch
 
 from strata.models.packed_linear import PackedLinear
-from strata.server.config import EngineConfig
-from strata.server.llm_engine import LLMEngine
-from strata.server.sampling_params import SamplingParams
+from strata.server.engine.config import EngineConfig
+from strata.server.engine.llm_engine import LLMEngine
+from strata.server.engine.sampling_params import SamplingParams
 
 
 def make_workload(num_requests: int, prompt_range: tuple[int, int], output_range: tuple[int, int],
-                  vocab_size: int, seed: int) -> list[tuple[list[int], int]]:
+                  vocab_size: int, workload_seed: int) -> list[tuple[list[int], int]]:
     """Random prompts (token ids drawn from the vocabulary) with fixed output lengths: same work for both sides."""
-    rng = random.Random(seed)
+    rng = random.Random(workload_seed)
     return [
         ([rng.randrange(100, vocab_size) for _ in range(rng.randint(*prompt_range))], rng.randint(*output_range))
         for _ in range(num_requests)
@@ -92,11 +92,11 @@ def batch1_decode(run, n: int) -> float:
 
 
 def run_throughput(config: EngineConfig, num_requests: int = 64, prompt_range=(16, 512), output_range=(16, 256),
-                   hf_batch_size: int = 8, batch1_tokens: int = 64, skip_hf: bool = False, seed: int = 0) -> dict:
+                   hf_batch_size: int = 8, batch1_tokens: int = 64, skip_hf: bool = False, workload_seed: int = 0) -> dict:
     if config.kv_cache_memory == "auto":
         config.kv_cache_memory = "3GiB"
     engine = LLMEngine(config)
-    workload = make_workload(num_requests, prompt_range, output_range, engine.model_config.vocab_size, seed)
+    workload = make_workload(num_requests, prompt_range, output_range, engine.model_config.vocab_size, workload_seed)
     engine.generate([workload[0][0]], SamplingParams(temperature=0, max_tokens=2))  # warm-up
     result = {"engine": time_engine(engine, workload)}
     prompt = workload[0][0][:32]
@@ -121,7 +121,7 @@ def run_throughput(config: EngineConfig, num_requests: int = 64, prompt_range=(1
     result["settings"] = {
         "model": engine.model_id, "dtype": str(engine.dtype).removeprefix("torch."), "kv_dtype": engine.kv_layout.kv_dtype,
         "device": str(engine.device), "num_requests": num_requests, "prompt_tokens": list(prompt_range),
-        "output_tokens": list(output_range), "hf_static_batch": hf_batch_size, "seed": seed, "greedy": True,
+        "output_tokens": list(output_range), "hf_static_batch": hf_batch_size, "workload_seed": workload_seed, "greedy": True,
         "max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
         "block_size": config.block_size, "threads": torch.get_num_threads(), "machine": platform.processor()
         or platform.machine(),

@@ -1,8 +1,0 @@
-"""The Triton attention backend (CUDA, or CPU under TRITON_INTERPRET=1) that kernels.backend dispatches to."""
-
-from strata.kernels.backend import AttentionBackend
-from strata.kernels.triton_decode import paged_decode_attention
-from strata.kernels.triton_kv_write import write_kv
-from strata.kernels.triton_prefill import paged_prefill_attention
-
-BACKEND = AttentionBackend("triton", write_kv, paged_decode_attention, paged_prefill_attention)

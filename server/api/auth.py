@@ -1,0 +1,61 @@
+"""API keys map to tenants (request caches are scoped by tenant); one admin token guards the admin routes."""
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import Request
+
+from strata.server.api.errors import APIError
+
+DEFAULT_TENANT = "default"
+
+
+def _bearer(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
+@dataclass(slots=True)
+class Auth:
+    keys: dict[str, str] | None = None     # API key -> tenant; None = auth off, everyone is "default"
+    admin_token: str | None = None         # None = admin routes disabled
+
+    @staticmethod
+    def read_keys(path: str | Path) -> dict[str, str]:
+        """Lines "<api-key> <tenant>"; blank lines and # comments are skipped."""
+        keys = {}
+        for n, line in enumerate(Path(path).read_text("utf-8").splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            if len(parts) != 2 or "|" in parts[1]:
+                raise ValueError(f"{path}:{n}: expected '<api-key> <tenant>' (tenant without '|')")
+            keys[parts[0]] = parts[1]
+        if not keys:
+            raise ValueError(f"{path}: no API keys")
+        return keys
+
+    def tenant(self, request: Request) -> str:
+        """The caller's tenant; 401 when keys are configured and the bearer token is missing or unknown."""
+        if self.keys is None:
+            return DEFAULT_TENANT
+        token = _bearer(request)
+        if token is None:
+            raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+        tenant = next((t for k, t in self.keys.items() if hmac.compare_digest(k, token)), None)
+        if tenant is None:
+            raise APIError(401, "incorrect API key provided", code="invalid_api_key")
+        return tenant
+
+    def check_admin(self, request: Request) -> None:
+        """401 without a token, 403 with a wrong one or when the server runs without --admin-token."""
+        if self.admin_token is None:
+            raise APIError(403, "admin routes are disabled: start the server with --admin-token", code="forbidden")
+        token = _bearer(request)
+        if token is None:
+            raise APIError(401, "admin route: send 'Authorization: Bearer <admin-token>'", code="invalid_api_key")
+        if not hmac.compare_digest(token, self.admin_token):
+            raise APIError(403, "wrong admin token", code="forbidden")

@@ -1,0 +1,119 @@
+"""OpenAI request bodies as pydantic models (plus Strata's cache extensions) and the response/chunk shapes."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+CacheMode = Literal["auto", "off", "exact-only", "refresh"]
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class _Common(BaseModel):
+    """Fields both endpoints share; unknown OpenAI fields are accepted and ignored, as vLLM does."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: StrictInt | None = None
+    n: StrictInt = Field(default=1, ge=1, le=1)
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # Strata extensions
+    cache: CacheMode = "auto"
+    cache_tags: list[str] = Field(default_factory=list)
+    similar_note: StrictBool | None = None   # None = the server's setting
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "\n".join(p.text for p in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+
+    def plain_messages(self) -> list[dict]:
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] = Field(min_length=1)
+
+    def prompt_text(self) -> str:
+        if isinstance(self.prompt, list):
+            if len(self.prompt) != 1:
+                raise ValueError("only one prompt per request is supported")
+            return self.prompt[0]
+        return self.prompt
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+class Shape:
+    """Builds response bodies and stream chunks for one request, so chat and completions share the path."""
+
+    __slots__ = ("chat", "id", "created", "model")
+
+    def __init__(self, chat: bool, model: str):
+        self.chat = chat
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.model = model
+
+    def _envelope(self, obj: str, choices: list[dict]) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def response(self, text: str, finish_reason: str | None, usage_: dict, strata: dict) -> dict:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish_reason}
+            body = self._envelope("chat.completion", [choice])
+        else:
+            body = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
+                                                       "finish_reason": finish_reason}])
+        return body | {"usage": usage_, "strata": strata}
+
+    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text} if text else {}
+            return self._envelope("chat.completion.chunk", [{"index": 0, "delta": delta, "logprobs": None,
+                                                             "finish_reason": finish_reason}])
+        return self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
+                                                   "finish_reason": finish_reason}])
+
+    def usage_chunk(self, usage_: dict) -> dict:
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", []) | {"usage": usage_}

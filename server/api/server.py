@@ -1,0 +1,72 @@
+"""Running the app: `strata serve` (engine process, caches, uvicorn) and a server in a thread for tests and benches."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from strata.cache.request.config import RequestCacheConfig
+from strata.cache.request.request_cache import RequestCache
+from strata.server.api.app import create_app
+from strata.server.api.auth import Auth
+from strata.server.api.config import ServerConfig
+from strata.server.engine.config import EngineConfig
+from strata.server.engine.engine_client import EngineClient
+
+log = logging.getLogger("strata.server")
+
+
+def build_cache(config: RequestCacheConfig) -> RequestCache:
+    """The request cache a config describes; a semantic layer that cannot load degrades to exact-only, loudly."""
+    semantic = None
+    if config.semantic:
+        from strata.cache.request.semantic import SemanticCache
+
+        try:
+            semantic = SemanticCache.from_config(config)
+        except (OSError, KeyError, ValueError) as exc:
+            log.warning("semantic cache off (%s: %s); serving with the exact layer only", type(exc).__name__, exc)
+    if config.db:
+        Path(config.db).parent.mkdir(parents=True, exist_ok=True)
+    return RequestCache(config, semantic=semantic)
+
+
+def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
+    """Load the model (in the engine process) and the caches (here, meanwhile), then serve until interrupted
+    (`strata serve`); EngineStartError when the engine cannot be built, OSError/ValueError for a bad keys file."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    auth = Auth(Auth.read_keys(config.api_keys) if config.api_keys else None, config.admin_token)
+    engine = EngineClient(engine_config)
+    engine.start()
+    try:
+        cache = build_cache(config.cache) if config.request_cache else None
+        engine.wait_ready()
+        uvicorn.run(create_app(engine, cache, auth=auth, config=config), host=config.host, port=config.port,
+                    log_level="info", access_log=config.access_log)
+    finally:
+        engine.stop()
+
+
+@contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Run `app` under uvicorn in a daemon thread (tests, benchmarks); yields its base URL, port 0 = a free one."""
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="strata-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)

@@ -1,0 +1,191 @@
+"""The request path both endpoints share: validate against the model, ask the request cache, else stream from
+the engine and hand the finished text back to the cache (write-back happens off the response path)."""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from functools import lru_cache
+
+from strata.cache.request.request_cache import CacheRequest, Lookup, RequestCache
+from strata.server.api.config import ServerConfig
+from strata.server.api.errors import APIError
+from strata.server.api.protocol import ChatCompletionRequest, CompletionRequest, usage
+from strata.server.engine.engine_client import EngineClient
+from strata.server.engine.input_processor import RequestError
+from strata.server.engine.sampling_params import SamplingParams
+from strata.server.engine.sequence import Sequence
+
+SIMILAR_NOTE = "[Note: this answers a similar earlier question (similarity {:.2f}), not necessarily yours.]\n\n"
+
+
+def cache_sampling(temperature: float, top_p: float = 1.0, max_tokens: int | None = None, stop=None,
+                   seed: int | None = None, endpoint: str | None = None) -> dict:
+    """Sampling as the cache keys it: defaults left out, so a warm-up entry matches a plain request."""
+    out = {"temperature": temperature, "top_p": top_p if top_p != 1.0 else None, "max_tokens": max_tokens,
+           "stop": stop or None, "seed": seed, "endpoint": endpoint}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(slots=True)
+class Answer:
+    """Where one response comes from, and its text as pieces; counters fill in while the pieces are read."""
+
+    layer: str                          # exact | semantic | semantic-similar | miss | bypass
+    reason: str
+    similarity: float | None
+    prompt_tokens: int
+    pieces: AsyncIterator[str] | None = None   # engine output as it comes (None for a cache hit)
+    cached_text: str | None = None             # a cache hit's whole answer, sent in one write
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    started: float = 0.0                # perf_counter at arrival
+    ttft_s: float | None = None
+    lookup: Lookup | None = None        # a miss's cache lookup: completed, failed, or released when given up
+
+    def release(self) -> None:
+        """Let single-flight followers go if this answer was never computed (a client gone before its first byte);
+        a no-op once the answer completed or failed. Routes call it when they are done with the answer."""
+        if self.lookup is not None:
+            self.lookup.release()
+
+    def headers(self) -> dict[str, str]:
+        out = {"X-Strata-Cache": self.layer}
+        if self.similarity is not None and self.layer.startswith("semantic"):
+            out["X-Strata-Similarity"] = f"{self.similarity:.4f}"
+        return out
+
+    def strata(self) -> dict:
+        return {"cache": self.layer, "similarity": self.similarity, "reason": self.reason}
+
+    def usage(self) -> dict:
+        return usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+    def mark_first(self) -> None:
+        if self.ttft_s is None:
+            self.ttft_s = time.perf_counter() - self.started
+
+
+class Completer:
+    """Turns one validated request into an Answer: cache hit replayed, or engine output streamed."""
+
+    def __init__(self, engine: EngineClient, cache: RequestCache | None, config: ServerConfig):
+        """engine: a ready engine process; its InputProcessor validates and tokenizes here."""
+        self.engine = engine
+        self.inputs = engine.inputs
+        self.info = engine.inputs.info
+        self.cache = cache
+        self.config = config
+        self.model_key = self.info.model_key
+        # repeated questions are the cache-hit case: their templating and tokenizing must not dominate a hit
+        self.prompt_ids = lru_cache(maxsize=4096)(self._prompt_ids)
+        self.count_tokens = lru_cache(maxsize=4096)(self._count_tokens)
+
+    async def answer(self, req: ChatCompletionRequest | CompletionRequest, tenant: str, cache_control: str,
+                     client_id: str | None, started: float) -> Answer:
+        """started: when the request arrived (perf_counter), so latency and TTFT include parsing and lookup."""
+        chat = isinstance(req, ChatCompletionRequest)
+        if req.model != self.info.model_id:
+            raise APIError(404, f"The model '{req.model}' does not exist; this server serves "
+                                f"'{self.info.model_id}'", param="model", code="model_not_found")
+        try:
+            messages = req.plain_messages() if chat else [{"role": "user", "content": req.prompt_text()}]
+            ids = self.prompt_ids(chat, tuple((m["role"], m["content"]) for m in messages))
+        except ValueError as exc:
+            raise APIError(400, str(exc), param="messages" if chat else "prompt") from None
+        params = self._params(req, len(ids), "messages" if chat else "prompt")
+        lookup = await self._lookup(req, tenant, messages, cache_control, client_id, chat)
+        if lookup is not None and lookup.hit is not None:
+            return self._replay(req, lookup, len(ids), started)
+        if lookup is not None and lookup.error is not None:
+            err = lookup.error
+            raise APIError(400, str(err)) if isinstance(err, RequestError) else err
+        answer = Answer(lookup.layer if lookup else "bypass", lookup.reason if lookup else "no-cache-configured",
+                        None, len(ids), started=started, lookup=lookup)
+        try:
+            if self.engine.num_pending >= self.config.max_queue:
+                raise APIError(503, f"server overloaded: {self.engine.num_pending} requests queued; retry shortly",
+                               code="overloaded", headers={"Retry-After": "1"})
+            seq = self.inputs.make_sequence(list(ids), params)
+        except (APIError, RequestError) as exc:
+            if lookup is not None:
+                lookup.release()        # followers compute themselves; nothing computed, nothing to remember
+            raise exc if isinstance(exc, APIError) else APIError(400, str(exc)) from None
+        answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer)
+        return answer
+
+    def _prompt_ids(self, chat: bool, turns: tuple[tuple[str, str], ...]) -> tuple[int, ...]:
+        if chat:
+            return tuple(self.inputs.apply_chat_template([{"role": r, "content": c} for r, c in turns]))
+        return tuple(self.inputs.encode(turns[0][1]))
+
+    def _count_tokens(self, text: str) -> int:
+        tokenizer = self.inputs.tokenizer
+        return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else 0
+
+    def _params(self, req, prompt_tokens: int, prompt_param: str) -> SamplingParams:
+        limit = self.info.max_model_len
+        room = limit - prompt_tokens
+        requested = req.requested_max_tokens()
+        if room < 1 or requested is not None and requested <= limit and requested > room:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                f"{prompt_tokens + (requested or 1)} tokens ({prompt_tokens} in the {prompt_param}, "
+                                f"{requested or 1} in the completion).", param=prompt_param,
+                           code="context_length_exceeded")
+        if requested is not None and requested > limit:
+            raise APIError(400, f"max_tokens is too large: {requested}. This model supports at most {limit} "
+                                f"completion tokens.", param="max_tokens", code="invalid_value")
+        stop = [req.stop] if isinstance(req.stop, str) else req.stop or []
+        try:
+            return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop,
+                                  max_tokens=requested or min(self.config.default_max_tokens, room))
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+
+    async def _lookup(self, req, tenant: str, messages: list[dict], cache_control: str, client_id: str | None,
+                      chat: bool) -> Lookup | None:
+        if self.cache is None:
+            return None
+        directives = {d.strip().lower() for d in cache_control.split(",")}
+        sampling = cache_sampling(req.temperature, req.top_p, req.requested_max_tokens(), req.stop, req.seed,
+                                  None if chat else "completions")
+        try:
+            creq = CacheRequest(tenant, self.model_key, messages, sampling, mode=req.cache,
+                                no_cache="no-cache" in directives, no_store="no-store" in directives,
+                                client_id=client_id)
+        except ValueError as exc:
+            raise APIError(400, str(exc)) from None
+        return await self.cache.lookup(creq)
+
+    def _replay(self, req, lookup: Lookup, prompt_tokens: int, started: float) -> Answer:
+        hit = lookup.hit
+        text = hit.text
+        similar = "semantic-similar" in (hit.layer, hit.source)
+        if similar and (self.config.similar_note if req.similar_note is None else req.similar_note):
+            text = SIMILAR_NOTE.format(hit.similarity) + text
+        answer = Answer(hit.layer, lookup.reason, hit.similarity, prompt_tokens, cached_text=text,
+                        finish_reason="stop", completion_tokens=self.count_tokens(text), started=started)
+        answer.mark_first()
+        return answer
+
+    async def _generate(self, seq: Sequence, lookup: Lookup | None, tags: tuple[str, ...],
+                        answer: Answer) -> AsyncIterator[str]:
+        """Engine output as it comes; closing early aborts the sequence (blocks freed) and releases followers."""
+        text = ""
+        try:
+            async with aclosing(self.engine.submit(seq)) as outputs:
+                async for out in outputs:
+                    answer.mark_first()
+                    answer.completion_tokens, answer.cached_tokens = len(out.token_ids), out.num_cached_tokens
+                    if out.finished:
+                        answer.finish_reason, text = out.finish_reason, out.text
+                    if out.new_text:
+                        yield out.new_text
+        except BaseException as exc:
+            if lookup is not None:
+                lookup.fail(exc)
+            raise
+        if lookup is not None:
+            lookup.complete(text, tags=tags)

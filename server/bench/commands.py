@@ -1,0 +1,146 @@
+"""`strata bench ...`: every benchmark as a command that prints JSON; engine flags are EngineConfig's fields."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import typer
+
+from strata.cache.request.config import RequestCacheConfig
+from strata.server.engine.config import EngineConfig
+from strata.server.flags import config_command
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print JSON.")
+
+
+def _write_json(result, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
+
+
+def _emit(result, as_json: bool, out: Path | None) -> None:
+    """Print the JSON (one line with --json) and also write it to `out`."""
+    if out:
+        _write_json(result, out)
+    typer.echo(json.dumps(result, indent=None if as_json else 2, ensure_ascii=False))
+
+
+def _fail(message: str):
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@bench_app.command("throughput")
+@config_command(engine=EngineConfig)
+def bench_throughput(
+    engine: EngineConfig,
+    num_requests: int = typer.Option(64),
+    min_prompt: int = typer.Option(16),
+    max_prompt: int = typer.Option(512),
+    min_output: int = typer.Option(16),
+    max_output: int = typer.Option(256),
+    hf_batch_size: int = typer.Option(8, help="Static batch size of the HF generate baseline."),
+    batch1_tokens: int = typer.Option(64, help="Tokens decoded in the batch-1 comparison."),
+    skip_hf: bool = typer.Option(False, help="Only run our engine."),
+    workload_seed: int = typer.Option(0, help="Seed of the random prompts and output lengths."),
+    as_json: bool = typer.Option(False, "--json"),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """One workload through our engine and through HF generate (static batches), same model and dtype."""
+    from strata.server.bench.throughput import run_throughput
+
+    result = run_throughput(engine, num_requests=num_requests, prompt_range=(min_prompt, max_prompt),
+                            output_range=(min_output, max_output), hf_batch_size=hf_batch_size,
+                            batch1_tokens=batch1_tokens, skip_hf=skip_hf, workload_seed=workload_seed)
+    _emit(result, as_json, out)
+
+
+def _small_pool(engine: EngineConfig, size: str) -> EngineConfig:
+    """The bench's own KV pool size unless --kv-cache-memory was set."""
+    import dataclasses
+
+    return dataclasses.replace(engine, kv_cache_memory=size) if engine.kv_cache_memory == "auto" else engine
+
+
+@bench_app.command("kv")
+@config_command(engine=EngineConfig)
+def bench_kv(
+    engine: EngineConfig,
+    num_requests: int = typer.Option(24),
+    system_tokens: int = typer.Option(128, help="Tokens of the system prompt every request shares."),
+    min_prompt: int = typer.Option(16, help="Fewest tokens of a request's own prompt."),
+    max_prompt: int = typer.Option(48),
+    output_tokens: int = typer.Option(32),
+    ppl_tokens: int = typer.Option(512, help="Tokens of the public-domain text scored per (block_size, kv_dtype)."),
+    workload_seed: int = typer.Option(0, help="Seed of the random prompts."),
+    as_json: bool = typer.Option(False, "--json"),
+    plot: Path | None = typer.Option(None, help="Write a PNG of tok/s and KV capacity per setting here."),
+    out: Path | None = typer.Option(None, help="Write the rows with their settings and capacity ratios here."),
+) -> None:
+    """Sweep block size, KV dtype, swap and prefix caching on one small KV pool (default 32MiB) that requests
+    oversubscribe."""
+    from strata.server.bench.kv import plot_sweep, run_kv_sweep, sweep_report
+
+    load_at_start = os.getloadavg()
+    config = _small_pool(engine, "32MiB")
+    workload = dict(num_requests=num_requests, system_tokens=system_tokens, unique_range=(min_prompt, max_prompt),
+                    output_tokens=output_tokens, ppl_tokens=ppl_tokens, workload_seed=workload_seed)
+    rows = run_kv_sweep(config, **workload)
+    if plot:
+        plot_sweep(rows, plot)
+    if out:  # the file also keeps the settings and capacity ratios needed to reproduce the rows
+        _write_json(sweep_report(rows, config, load_at_start, **workload), out)
+    typer.echo(json.dumps(rows, indent=None if as_json else 2))
+
+
+@bench_app.command("prefix")
+@config_command(engine=EngineConfig)
+def bench_prefix(
+    engine: EngineConfig,
+    num_requests: int = typer.Option(16),
+    system_tokens: int = typer.Option(1024, help="Tokens of the system prompt every request shares."),
+    workload_seed: int = typer.Option(0, help="Seed of the random prompts."),
+    as_json: bool = typer.Option(False, "--json"),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """TTFT with prefix caching on vs off for requests sharing a long system prompt."""
+    from strata.server.bench.kv import run_prefix_ttft
+
+    result = run_prefix_ttft(_small_pool(engine, "1GiB"), num_requests=num_requests, system_tokens=system_tokens,
+                             workload_seed=workload_seed)
+    _emit(result, as_json, out)
+
+
+@bench_app.command("int8-accuracy")
+@config_command(engine=EngineConfig)
+def bench_int8_accuracy(
+    engine: EngineConfig,
+    max_tokens: int = typer.Option(64, help="Greedy tokens per prompt."),
+    as_json: bool = typer.Option(False, "--json"),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """Perplexity on a public-domain text and greedy agreement over 32 prompts: int8 (and bf16) KV vs fp32 KV."""
+    from strata.server.bench.kv import run_int8_accuracy
+
+    _emit(run_int8_accuracy(_small_pool(engine, "1GiB"), max_tokens=max_tokens), as_json, out)
+
+
+@bench_app.command("cache-quality")
+@config_command(prefixed=("cache",), cache=RequestCacheConfig)
+def bench_cache_quality(
+    cache: RequestCacheConfig,
+    pairs: Path | None = typer.Option(None, help="Pairs file: JSONL {cached, query, same, lang}, or a CSV/TSV/JSON "
+                                                 "of the shared datasets."),
+    bypass: Path | None = typer.Option(None, help="JSONL {query, why}: each asked twice; prints the bypass rate."),
+    as_json: bool = typer.Option(False, "--json"),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """Semantic-cache quality: fill with every cached question, ask every query, report hit rate and precision."""
+    from strata.server.bench.cache_quality import run_cache_quality
+
+    try:
+        result = run_cache_quality(pairs, bypass, cache)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        _fail(str(exc))
+    _emit(result, as_json, out)

@@ -1,0 +1,1 @@
+"""The engine: scheduler, model runner, sampling and detokenizing, and the process it steps in."""

@@ -1,0 +1,116 @@
+"""The one engine configuration object: every CLI flag and server option that shapes the engine lands here."""
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from strata.models.default_model import ensure_default_model
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PREEMPTION_MODES = ("swap", "recompute")
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Engine settings. 'auto' values are resolved against the device at start (see `resolve_*`)."""
+
+    model: str | None = None  # local Hugging Face model folder; none = the default model (converted on first use)
+    load_format: str = "auto"  # auto (safetensors in the folder) or dummy (random weights of --model-config)
+    model_config: str | None = None  # named model shape for dummy weights (e.g. llama-3.2-1b)
+    tokenizer: str | None = None  # tokenizer folder; none = the model's (dummy weights: the default model's)
+    dtype: str = "auto"  # weights and activations: auto (bf16 on CUDA or native-bf16 CPUs, else fp32) | fp32 | bf16 | fp16
+    kv_dtype: str = "auto"  # KV cache: auto (= dtype) | fp32 | bf16 | fp16 | int8 (a scale per token and KV head)
+    block_size: int = 16  # tokens per KV block (8, 16, 32, 64 or 128)
+    kv_cache_memory: str = "auto"  # KV pool: bytes ("2GiB") or a fraction of free memory ("0.5"); auto: see kv_cache_bytes
+    max_num_seqs: int = 64  # most sequences in one step
+    max_num_batched_tokens: int = 2048  # most tokens in one step (prefill chunks + decodes)
+    max_model_len: int | None = None  # context length; none = the model's own
+    swap_space: float = 0.0  # GiB of host memory for swapped-out KV blocks; 0 = no swapping
+    preemption_mode: str = "recompute"  # when blocks run out: recompute (prefill again) or swap (needs --swap-space)
+    enable_prefix_caching: bool = True  # reuse KV blocks of identical prompt prefixes across requests
+    attention_backend: str = "auto"  # auto | cpu (C++ decode kernel) | torch | triton | triton-interpret
+    enforce_eager: bool = False  # no CUDA graphs for decode (they are captured only on CUDA with Triton)
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N
+    num_threads: int | None = None  # torch threads in the engine process; none = torch's default
+    dummy_weights_seed: int = 0  # seed of the random weights of --load-format dummy
+
+    def __post_init__(self) -> None:
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose auto, {', '.join(DTYPES)}")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if self.max_num_seqs <= 0 or self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("need max_num_seqs > 0 and max_num_batched_tokens >= max_num_seqs")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}")
+        if self.swap_space < 0:
+            raise ValueError("swap_space must be >= 0 GiB")
+        parse_memory(self.kv_cache_memory)  # fail early on a malformed size
+
+    def resolve_model_path(self) -> Path | None:
+        """The weights folder: --model, else the default model (converted on first use); None for dummy weights."""
+        if self.load_format == "dummy":
+            return None
+        return Path(self.model) if self.model else ensure_default_model()
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        """bf16 on CUDA, and on CPUs with native bf16 (faster there: docs/benchmarks.md); fp32 on CPUs that would
+        only emulate bf16."""
+        if self.dtype == "auto":
+            native_bf16 = device.type == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            return torch.bfloat16 if native_bf16 else torch.float32
+        return DTYPES[self.dtype]
+
+    def resolve_kv_dtype(self, dtype: torch.dtype) -> str:
+        if self.kv_dtype == "auto":
+            return {v: k for k, v in DTYPES.items()}[dtype]
+        return self.kv_dtype
+
+
+def parse_memory(value: str | int | float) -> tuple[str, float]:
+    """'auto' | a fraction in (0, 1] of free memory | a byte count with optional unit -> (kind, amount)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto", 0.0
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)", text)
+    if not match or match.group(2) not in _UNITS:
+        raise ValueError(f"cannot read KV cache memory {value!r}: use bytes like '2GiB' or a fraction like '0.5'")
+    number = float(match.group(1))
+    if not match.group(2) and number <= 1.0:
+        if number <= 0:
+            raise ValueError("KV cache memory fraction must be > 0")
+        return "fraction", number
+    return "bytes", number * _UNITS[match.group(2)]
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Free memory where the KV pool will live: the GPU's, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+def kv_cache_bytes(setting: str, device: torch.device) -> int:
+    """Bytes for the KV pool: auto = 90% of free GPU memory, or a quarter of free host memory up to 4 GiB."""
+    kind, amount = parse_memory(setting)
+    free = free_memory_bytes(device)
+    if kind == "auto":
+        return int(free * 0.9) if device.type == "cuda" else int(min(free * 0.25, 4 * 2**30))
+    if kind == "fraction":
+        return int(free * amount)
+    return int(amount)

@@ -1,0 +1,26 @@
+"""Incremental detokenization: new text per step from a small window, holding back half-finished characters."""
+
+from strata.server.engine.sequence import Sequence
+
+
+class Detokenizer:
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.offsets: dict[str, tuple[int, int]] = {}  # request_id -> (prefix_offset, read_offset)
+
+    def update(self, seq: Sequence) -> str:
+        """Append the text of seq's newest tokens to seq.output_text and return it."""
+        prefix, read = self.offsets.get(seq.request_id, (seq.num_prompt_tokens, seq.num_prompt_tokens))
+        ids = seq.token_ids
+        decode = self.tokenizer.decode
+        prefix_text = decode(ids[prefix:read], skip_special_tokens=True)
+        full_text = decode(ids[prefix:], skip_special_tokens=True)
+        if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
+            return ""  # an incomplete UTF-8 sequence: wait for the next token
+        new_text = full_text[len(prefix_text):]
+        self.offsets[seq.request_id] = (read, len(ids))
+        seq.output_text += new_text
+        return new_text
+
+    def forget(self, request_id: str) -> None:
+        self.offsets.pop(request_id, None)

@@ -1,0 +1,86 @@
+"""The engine process: builds its own LLMEngine from the EngineConfig, then applies commands between steps and sends
+outputs + stats back to the HTTP process (server/engine/engine_client.py is the other end)."""
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from strata.server.engine.config import EngineConfig
+from strata.server.engine.input_processor import ModelInfo
+from strata.server.engine.llm_engine import LLMEngine, RequestOutput
+
+IDLE_WAIT_S = 0.5          # an idle engine process checks this often that the server still lives
+ENGINE_NICE = 10           # CPU short: the OS runs the HTTP process first (a cache hit needs far less CPU than a step)
+
+
+@dataclass(slots=True)
+class EngineUpdate:
+    """What the engine process sends: first its ModelInfo (or a crash), then one per step or batch of commands."""
+
+    outputs: list[RequestOutput]
+    stats: dict[str, float]
+    refused: dict[str, str] = field(default_factory=dict)   # request id -> why enqueue refused it
+    crash: str | None = None                                # traceback of a failed start or step; the process exits
+    info: ModelInfo | None = None                           # only in the first update, once the engine is built
+
+
+
+def lower_priority(nice: int) -> None:
+    """Renice every thread of this process: Linux nice is per thread, and os.nice() alone left the OpenMP workers
+    (started while loading) at full priority, taking the cores from the HTTP process."""
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [0]:
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), max(os.getpriority(os.PRIO_PROCESS, int(tid)), nice))
+        except (ProcessLookupError, PermissionError):   # exited meanwhile, or not ours to renice
+            pass
+
+
+def engine_main(config: EngineConfig, commands, updates, num_threads: int) -> None:
+    """The engine process: build the engine, report its ModelInfo (or why it failed), then apply commands between
+    steps, step while work remains, send outputs + stats.
+
+    It exits on "stop", when the server process is gone (no orphans), or after reporting a failed start or step.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C reaches the whole group; the server stops us
+    torch.set_num_threads(num_threads)
+    server = mp.parent_process()
+    try:
+        engine = LLMEngine(config)
+    except BaseException:
+        updates.send(EngineUpdate([], {}, crash=traceback.format_exc()))
+        raise SystemExit(1) from None
+    lower_priority(ENGINE_NICE)  # after loading: the server waits for that, so it runs at full priority
+    updates.send(EngineUpdate([], engine.stats(), info=engine.info))
+    while server.is_alive():
+        refused: dict[str, str] = {}
+        applied = False
+        try:
+            command, arg = commands.get_nowait() if engine.has_unfinished() else commands.get(timeout=IDLE_WAIT_S)
+            while True:
+                if command == "stop":
+                    return
+                if command == "add":
+                    try:
+                        engine.enqueue(arg)
+                    except ValueError as exc:
+                        refused[arg.request_id] = str(exc)
+                else:
+                    engine.abort(arg)
+                applied = True
+                command, arg = commands.get_nowait()
+        except queue.Empty:
+            pass
+        outputs = []
+        if engine.has_unfinished():
+            try:
+                outputs = engine.step()
+            except BaseException:
+                updates.send(EngineUpdate([], engine.stats(), refused, crash=traceback.format_exc()))
+                raise
+        if outputs or applied:
+            updates.send(EngineUpdate(outputs, engine.stats(), refused))

@@ -1,0 +1,93 @@
+"""InputProcessor: tokenize a prompt and check it against the loaded model's limits, without the model.
+
+Why apart from LLMEngine: the HTTP server validates every request before any output, but it must not hold weights,
+a KV pool or a CUDA context; those live in the engine process (server/engine/engine_process.py). Validation needs only the
+tokenizer and the few numbers in ModelInfo, which the engine process reports when it has loaded. LLMEngine checks
+its own requests with the same class, so both processes refuse the same input with the same message.
+"""
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from strata.models.default_model import default_model_dir
+from strata.server.engine.config import EngineConfig
+from strata.server.engine.sampling_params import SamplingParams
+from strata.server.engine.sequence import Sequence
+
+
+class RequestError(ValueError):
+    """A request the engine refuses; the message says why (the HTTP layer maps it to a 400)."""
+
+
+@dataclass(slots=True, frozen=True)
+class ModelInfo:
+    """What the loaded engine knows that requests are checked (and cache keys built) against; picklable."""
+
+    model_id: str
+    model_path: Path | None       # None: dummy weights
+    dtype: torch.dtype
+    vocab_size: int
+    max_model_len: int
+    kv_capacity_tokens: int       # tokens the KV pool holds: a longer prompt could never be scheduled
+    fingerprint: str              # weights, dtype and KV dtype (llm_engine.model_fingerprint)
+
+    @property
+    def model_key(self) -> str:
+        """Model id + version: the request cache's partition, so other weights or formats never share answers."""
+        return f"{self.model_id}@{self.fingerprint}"
+
+
+def load_tokenizer(config: EngineConfig, model_path: Path | None):
+    """The tokenizer of --tokenizer, else the model folder's; None for a folder without one (tiny test checkpoints
+    run on token ids). Dummy weights borrow the default model's tokenizer when it is converted already."""
+    from transformers import AutoTokenizer
+
+    if config.tokenizer:
+        return AutoTokenizer.from_pretrained(config.tokenizer)
+    source = model_path or default_model_dir()
+    has_tokenizer = (source / "tokenizer.json").exists() or (source / "tokenizer_config.json").exists()
+    return AutoTokenizer.from_pretrained(source) if has_tokenizer else None
+
+
+class InputProcessor:
+    """Turns a prompt (text, chat turns or token ids) into a validated Sequence; safe from any thread."""
+
+    def __init__(self, info: ModelInfo, tokenizer):
+        self.info = info
+        self.tokenizer = tokenizer
+        self._ids = itertools.count()
+
+    def encode(self, prompt: str | list[int], chat: bool = False) -> list[int]:
+        """Token ids of a prompt; with chat=True, the user message wrapped in the model's chat template."""
+        if isinstance(prompt, list):
+            return prompt
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer: pass token ids")
+        if chat:
+            return self.apply_chat_template([{"role": "user", "content": prompt}])
+        return self.tokenizer.encode(prompt)
+
+    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer: pass token ids")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def make_sequence(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                      chat: bool = False) -> Sequence:
+        """Validate and tokenize a request; raises RequestError on input the engine could never serve."""
+        if isinstance(prompt, str) and not prompt.strip() or isinstance(prompt, list) and not prompt:
+            raise RequestError("prompt is empty")
+        token_ids = self.encode(prompt, chat)
+        info = self.info
+        if any(not isinstance(t, int) or not 0 <= t < info.vocab_size for t in token_ids):
+            raise RequestError(f"prompt token ids must be integers in [0, {info.vocab_size})")
+        if len(token_ids) >= info.max_model_len:
+            raise RequestError(f"prompt has {len(token_ids)} tokens; this model's context is {info.max_model_len}")
+        if len(token_ids) + 1 > info.kv_capacity_tokens:     # the prompt and one new token, in whole blocks
+            raise RequestError(f"prompt has {len(token_ids)} tokens but the KV cache holds only "
+                               f"{info.kv_capacity_tokens}; raise --kv-cache-memory")
+        return Sequence(request_id or f"req-{next(self._ids)}", list(token_ids), params)

@@ -1,0 +1,258 @@
+"""LLMEngine: add requests, step the scheduler + runner, stream outputs; the HTTP server drives it."""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import xxhash
+from tqdm import tqdm
+
+from strata.cache.kv.block_manager import BlockManager
+from strata.cache.kv.storage import KVLayout, KVStorage
+from strata.cache.kv.swap import SwapSpace
+from strata.kernels import get_backend
+from strata.models.loader import load_model
+from strata.server.engine.config import EngineConfig, kv_cache_bytes
+from strata.server.engine.cuda_graph_runner import DecodeGraphs, captures_decode_graphs
+from strata.server.engine.detokenizer import Detokenizer
+from strata.server.engine.input_processor import InputProcessor, ModelInfo, RequestError, load_tokenizer
+from strata.server.engine.model_runner import ModelRunner
+from strata.server.engine.sampling_params import SamplingParams
+from strata.server.engine.scheduler import ScheduledBatch, Scheduler
+from strata.server.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What a request produced so far; `new_*` is what this step added (for streaming)."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    ttft_s: float | None = None
+
+
+def model_fingerprint(config: EngineConfig, model_path: Path | None, dtype: torch.dtype, kv_dtype: str) -> str:
+    """What makes this engine's outputs what they are: the weights (folder, file sizes and times; or the dummy shape and
+    seed), the dtype and the resolved KV dtype. Prefix-cache blocks and cached answers are never shared across two
+    fingerprints, so it is computed here, once, for both."""
+    files = sorted(model_path.glob("*.safetensors")) if model_path else []
+    ident = "|".join([str(model_path), config.load_format, str(config.model_config), str(config.dummy_weights_seed),
+                      str(dtype), kv_dtype, *(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)])
+    return xxhash.xxh3_64_hexdigest(ident.encode())[:12]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = config.resolve_device()
+        self.dtype = config.resolve_dtype(self.device)
+        model_path = self.model_path = config.resolve_model_path()
+        self.model = load_model(model_path, config.load_format, config.model_config, self.dtype, self.device,
+                                max_model_len=config.max_model_len, seed=config.dummy_weights_seed)
+        cfg = self.model.config
+        self.model_config = cfg
+        self.max_model_len = self.model.max_model_len
+        self.model_id = cfg.name or "dummy"
+        self.tokenizer = load_tokenizer(config, model_path)
+        self.eos_token_ids = set(cfg.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        kv_dtype = config.resolve_kv_dtype(self.dtype)
+        self.fingerprint = model_fingerprint(config, model_path, self.dtype, kv_dtype)
+        self.kv_layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.block_size, kv_dtype)
+        num_blocks = kv_cache_bytes(config.kv_cache_memory, self.device) // self.kv_layout.block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"--kv-cache-memory {config.kv_cache_memory} holds no block of "
+                             f"{self.kv_layout.block_bytes} bytes")
+        # One block past the scheduler's: the scratch block that padded rows of a decode graph write into.
+        self.kv = KVStorage(self.kv_layout, num_blocks + 1, self.device)
+        self.swap_space = SwapSpace(self.kv_layout, config.swap_space) if config.swap_space else None
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, self.fingerprint)
+        self.scheduler = Scheduler(config, self.block_manager, self.swap_space)
+        self.backend = get_backend(config.attention_backend, self.device)
+        graphs = None
+        if captures_decode_graphs(config, self.device, self.backend):
+            graphs = DecodeGraphs(self.model, self.kv, self.backend, config.max_num_seqs, self.max_model_len,
+                                  scratch_block=num_blocks)
+            graphs.capture()
+        self.runner = ModelRunner(self.model, self.kv, self.swap_space.storage if self.swap_space else None,
+                                  self.backend, graphs)
+        self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
+        self.info = ModelInfo(self.model_id, model_path, self.dtype, cfg.vocab_size, self.max_model_len,
+                              self.kv_capacity_tokens, self.fingerprint)
+        self.inputs = InputProcessor(self.info, self.tokenizer)
+        self.requests: dict[str, Sequence] = {}
+        self.num_generated_tokens = 0
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.block_manager.num_blocks * self.kv_layout.block_size
+
+    # -- requests ---------------------------------------------------------------------------------------
+    def enqueue(self, seq: Sequence) -> str:
+        """Queue a validated sequence for scheduling."""
+        if seq.request_id in self.requests:
+            raise RequestError(f"request id {seq.request_id!r} is already in flight")
+        self.requests[seq.request_id] = seq
+        self.scheduler.add(seq)
+        return seq.request_id
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
+                    chat: bool = False) -> str:
+        """Validate and queue a request; raises RequestError (and queues nothing) on bad input."""
+        return self.enqueue(self.inputs.make_sequence(prompt, params, request_id, chat))
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request and free its blocks; False when it is unknown or already done."""
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        seq.finish_reason = "abort"
+        self._release(seq)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def stats(self) -> dict[str, float]:
+        """Counters for /metrics and benchmarks: KV blocks, prefix cache, preemptions, swap traffic."""
+        bm, sched = self.block_manager, self.scheduler
+        prefix = bm.stats
+        return {
+            "kv_blocks_total": bm.num_blocks,
+            "kv_blocks_free": bm.num_free_blocks,
+            "kv_blocks_used": bm.num_blocks - bm.num_free_blocks,
+            "kv_blocks_cached": len(bm.cached),
+            "kv_bytes_per_token": self.kv_layout.bytes_per_token,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
+            "swap_slots_total": self.swap_space.num_slots if self.swap_space else 0,
+            "swap_slots_free": self.swap_space.num_free_slots if self.swap_space else 0,
+            "swap_out_blocks": sched.stats.swap_outs,
+            "swap_in_blocks": sched.stats.swap_ins,
+            "preemptions_swap": sched.stats.swap,
+            "preemptions_recompute": sched.stats.recompute,
+            "prefix_cache_queries": prefix.queries,
+            "prefix_cache_hits": prefix.hits,
+            "prefix_cache_queried_tokens": prefix.queried_tokens,
+            "prefix_cache_hit_tokens": prefix.hit_tokens,
+            "num_running": len(sched.running),
+            "num_waiting": len(sched.waiting),
+            "num_swapped": len(sched.swapped),
+            "generated_tokens": self.num_generated_tokens,
+        }
+
+    # -- stepping ---------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduler + model step; returns an output for every request that got a token or finished."""
+        batch = self.scheduler.schedule()
+        outputs = []
+        for seq in batch.failed:
+            seq.finish_reason = "length"  # cannot fit in the KV cache even alone
+            outputs.append(self._finish(seq))
+        if batch.empty:
+            return outputs
+        sampled, tokens = self.runner.run(batch)
+        for seq in [seq for seq, _ in batch.prefills] + batch.decodes:
+            self.block_manager.register_computed(seq, seq.num_computed_tokens)
+        now = time.perf_counter()
+        for seq, token in zip(sampled, tokens, strict=True):
+            outputs.append(self._append_token(seq, token, now))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+        seq.token_ids.append(token)
+        self.num_generated_tokens += 1
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        params = seq.params
+        text_before = len(seq.output_text)
+        new_text = self.detokenizer.update(seq) if self.detokenizer else ""
+        if not params.ignore_eos and token in self.eos_token_ids or token in params.stop_token_ids:
+            seq.finish_reason = "stop"
+        elif params.stop and self._truncate_at_stop(seq, new_text):
+            seq.finish_reason = "stop"
+            new_text = seq.output_text[text_before:]
+        elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.max_model_len:
+            seq.finish_reason = "length"
+        if seq.finish_reason is not None:
+            return self._finish(seq, [token], new_text)
+        return self._output(seq, [token], new_text)
+
+    def _truncate_at_stop(self, seq: Sequence, new_text: str) -> bool:
+        window_start = max(0, len(seq.output_text) - len(new_text) - max(len(s) for s in seq.params.stop))
+        hits = [i for s in seq.params.stop if (i := seq.output_text.find(s, window_start)) != -1]
+        if not hits:
+            return False
+        seq.output_text = seq.output_text[:min(hits)]
+        return True
+
+    def _finish(self, seq: Sequence, new_tokens: list[int] | None = None, new_text: str = "") -> RequestOutput:
+        self.requests.pop(seq.request_id, None)
+        self._release(seq)
+        return self._output(seq, new_tokens or [], new_text)
+
+    def _release(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if self.detokenizer:
+            self.detokenizer.forget(seq.request_id)
+
+    def _output(self, seq: Sequence, new_tokens: list[int], new_text: str) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            token_ids=seq.output_token_ids,
+            text=seq.output_text,
+            new_token_ids=new_tokens,
+            new_text=new_text,
+            finished=seq.finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+        )
+
+    @torch.inference_mode()
+    def perplexity(self, token_ids: list[int], chunk_size: int = 256) -> float:
+        """Perplexity of a text through the paged cache, in prefill chunks: every attention read after the first
+        chunk goes through the stored (possibly INT8) KV, as in serving."""
+        if self.has_unfinished():
+            raise RuntimeError("perplexity needs an idle engine")
+        if len(token_ids) + 1 > min(self.max_model_len, self.kv_capacity_tokens):
+            raise RequestError(f"text of {len(token_ids)} tokens does not fit the context or the KV cache")
+        seq = Sequence("perplexity", list(token_ids), SamplingParams(max_tokens=1))
+        self.block_manager.allocate(seq, len(token_ids))
+        nll, count = 0.0, 0
+        try:
+            for start in range(0, len(token_ids) - 1, chunk_size):
+                n = min(chunk_size, len(token_ids) - 1 - start)
+                hidden, _, _ = self.runner.forward(ScheduledBatch(prefills=[(seq, n)]))
+                logits = self.model.compute_logits(hidden).float()
+                targets = torch.tensor(token_ids[start + 1:start + 1 + n], device=logits.device)
+                nll += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
+                count += n
+        finally:
+            self.block_manager.free_sequence(seq)
+        return float(torch.exp(torch.tensor(nll / count)))
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams],
+                 chat: bool = False, use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion with continuous batching; outputs in prompt order."""
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp, chat=chat) for p, sp in zip(prompts, params_list, strict=True)]
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), disable=not use_tqdm, desc="generating") as bar:
+            while len(done) < len(ids):
+                for out in self.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update()
+        return [done[i] for i in ids]

@@ -1,0 +1,102 @@
+"""Builds the flat batch for one step, runs the model over the paged cache and samples the next tokens."""
+
+import torch
+
+from strata.cache.kv.storage import KVStorage
+from strata.kernels import AttentionBackend, AttentionMetadata
+from strata.models.llama import LlamaForCausalLM
+from strata.server.engine.cuda_graph_runner import DecodeGraphs
+from strata.server.engine.sampler import sample
+from strata.server.engine.scheduler import ScheduledBatch
+from strata.server.engine.sequence import Sequence
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv: KVStorage, swap: KVStorage | None, backend: AttentionBackend,
+                 graphs: DecodeGraphs | None = None):
+        self.model = model
+        self.kv = kv
+        self.swap = swap
+        self.backend = backend
+        self.graphs = graphs  # pure-decode steps that fit a bucket run through it; None = always eager
+        self.device = kv.device
+        self.block_size = kv.layout.block_size
+
+    def copy_blocks(self, batch: ScheduledBatch) -> None:
+        """Swap-outs first (their blocks may be reused by this very step), then swap-ins."""
+        if batch.swap_out:
+            self.kv.copy_blocks_to(self.swap, batch.swap_out)
+        if batch.swap_in:
+            self.swap.copy_blocks_to(self.kv, batch.swap_in)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int]]:
+        """Run one step; return the sequences that reached their last known token and their next tokens."""
+        hidden, sample_rows, sampled = self.forward(batch)
+        if not sampled:
+            return [], []
+        logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
+        return sampled, sample(logits, sampled)
+
+    @torch.inference_mode()
+    def forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int], list[Sequence]]:
+        """Copy blocks, run the model over the batch; return hidden states and the rows that end a sequence."""
+        self.copy_blocks(batch)
+        input_ids, positions, slots, sample_rows, sampled = [], [], [], [], []
+        cu_seqlens, prefill_lens, prefill_tables = [0], [], []
+        bs = self.block_size
+        for seq, n in batch.prefills:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            cu_seqlens.append(cu_seqlens[-1] + n)
+            prefill_lens.append(end)
+            prefill_tables.append(table)
+            if end == len(seq.token_ids):
+                sample_rows.append(len(input_ids) - 1)
+                sampled.append(seq)
+        num_prefill_tokens = len(input_ids)
+        decode_lens, decode_tables = [], []
+        for seq in batch.decodes:
+            p = seq.num_computed_tokens
+            input_ids.append(seq.token_ids[p])
+            positions.append(p)
+            slots.append(seq.block_table[p // bs] * bs + p % bs)
+            decode_lens.append(p + 1)
+            decode_tables.append(seq.block_table)
+            sample_rows.append(len(input_ids) - 1)
+            sampled.append(seq)
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            num_prefill_tokens=num_prefill_tokens,
+            prefill_cu_seqlens_q=self._tensor(cu_seqlens, torch.int32),
+            prefill_context_lens=self._tensor(prefill_lens, torch.int32),
+            prefill_block_tables=self._tables(prefill_tables),
+            decode_context_lens=self._tensor(decode_lens, torch.int32),
+            decode_block_tables=self._tables(decode_tables),
+            prefill_cu_seqlens_q_host=cu_seqlens,
+            prefill_context_lens_host=prefill_lens,
+        )
+        input_ids, positions = self._tensor(input_ids), self._tensor(positions)
+        bucket = None
+        if self.graphs is not None and not batch.prefills:
+            bucket = self.graphs.bucket_for(len(batch.decodes), meta.decode_block_tables.shape[1])
+        if bucket is not None:
+            hidden = self.graphs.run(bucket, input_ids, positions, meta)
+        else:
+            hidden = self.model(input_ids, positions, self.kv.layers, meta, self.backend)
+        for seq, n in batch.prefills:
+            seq.num_computed_tokens += n
+        for seq in batch.decodes:
+            seq.num_computed_tokens += 1
+        return hidden, sample_rows, sampled
+
+    def _tensor(self, values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def _tables(self, tables: list[list[int]]) -> torch.Tensor:
+        width = max((len(t) for t in tables), default=0)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(padded, dtype=torch.int32, device=self.device).reshape(len(tables), width)

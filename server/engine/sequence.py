@@ -1,0 +1,60 @@
+"""One request's tokens, its block table and its progress through prefill and decode."""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from strata.server.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """Everything the scheduler and runner track per request; token_ids holds prompt then output. Two sequences
+    are equal only when they are the same object (the scheduler keeps them in sets and lists)."""
+
+    request_id: str
+    token_ids: list[int]
+    params: SamplingParams
+    num_prompt_tokens: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    block_hashes: list[int] = field(default_factory=list)   # prefix-cache chain hashes of its full blocks
+    num_hashed_blocks: int = 0
+    swap_slots: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    output_text: str = ""
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)
+        if self.params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

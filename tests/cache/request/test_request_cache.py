@@ -1,0 +1,734 @@
+"""RequestCache facade: hits, TTL, isolation, context, single-flight, guards, write-back, invalidation, restart."""
+import asyncio
+import json
+import logging
+import random
+import re
+import threading
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+from strata.cache.request.request_cache import CacheRequest, RequestCache, RequestCacheConfig
+from strata.server.bench.data_files import datasets_dir, packaged
+
+BYPASS_QUERIES = packaged("bypass_queries.jsonl")
+
+
+class FakeSemantic:
+    """Follows the SemanticCache interface: bag-of-words cosine, tiers serve >= 0.95, similar >= 0.8.
+    leaky=True ignores partitions, to prove the facade itself never serves across tenants."""
+
+    def __init__(self, leaky=False, dim=256):
+        self.leaky, self.dim = leaky, dim
+        self.rows: dict[str, tuple[str, str, np.ndarray]] = {}
+        self.lock = threading.Lock()
+        self.embeds = 0
+
+    def embed(self, text):
+        self.embeds += 1
+        v = np.zeros(self.dim, np.float32)
+        for w in re.findall(r"\w+", text.lower()):
+            v[zlib.crc32(w.encode()) % self.dim] += 1       # deterministic, unlike hash()
+        return v / max(np.linalg.norm(v), 1e-9)
+
+    def add(self, entry_id, text, partition, embedding=None):
+        emb = self.embed(text) if embedding is None else np.asarray(embedding, np.float32)
+        if emb.shape != (self.dim,):
+            raise ValueError("dim mismatch")
+        with self.lock:
+            self.rows[entry_id] = (text, partition, emb)
+
+    def remove(self, entry_id):
+        with self.lock:
+            self.rows.pop(entry_id, None)
+
+    def _scored(self, emb, partition):
+        with self.lock:
+            rows = list(self.rows.items())
+        return sorted(((float(e @ emb), i, t) for i, (t, p, e) in rows if self.leaky or partition is None or p == partition),
+                      reverse=True)
+
+    def lookup(self, text, partition, embedding=None):
+        from types import SimpleNamespace
+        emb = self.embed(text) if embedding is None else embedding
+        for sim, i, t in self._scored(emb, partition):
+            if sim >= 0.8:
+                return SimpleNamespace(entry_id=i, similarity=sim, tier="serve" if sim >= 0.95 else "similar", cached_text=t)
+        return None
+
+    def similar_ids(self, text, min_similarity, partition=None):
+        return [i for sim, i, _ in self._scored(self.embed(text), partition) if sim >= min_similarity]
+
+    def __len__(self):
+        return len(self.rows)
+
+
+class Clock:
+    def __init__(self, t=1_000_000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def chat(text, tenant="default", model="m@1", history=(), **kw):
+    sampling = kw.pop("sampling", {"temperature": 0})
+    return CacheRequest(tenant, model, [*history, {"role": "user", "content": text}], sampling, **kw)
+
+
+def make(tmp_path=None, semantic=None, clock=None, **cfg):
+    config = RequestCacheConfig(db=str(tmp_path / "cache.db") if tmp_path else None, **cfg)
+    return RequestCache(config, semantic=semantic, clock=clock or Clock(), rng=random.Random(0))
+
+
+async def answer(cache, req, text="ANSWER"):
+    calls = []
+
+    async def compute():
+        calls.append(1)
+        return text
+
+    got, lookup = await cache.get_or_compute(req, compute)
+    await cache.drain()
+    return got, lookup, len(calls)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_exact_hit_after_write_back_and_counters():
+    cache = make()
+
+    async def go():
+        _, first, n1 = await answer(cache, chat("What is the capital of France?"), "Paris.")
+        text, second, n2 = await answer(cache, chat("  What is the capital  of France？"), "unused")
+        return first, second, text, n1, n2
+
+    first, second, text, n1, n2 = run(go())
+    assert (first.layer, n1) == ("miss", 1)
+    assert (second.layer, second.hit.layer, second.hit.similarity, text, n2) == ("exact", "exact", 1.0, "Paris.", 0)
+    assert second.reason == "factual"
+    s = cache.stats()
+    assert s["counters"]["exact"] == {"hit": 1, "miss": 1} and s["counters"]["write"]["written"] == 1
+    assert s["hit_age_s"]["count"] == 1 and s["entries"]["store"] == 1
+    assert s["similarity"]["count"] == 0                  # the histogram is for semantic hits only
+    with pytest.raises(RuntimeError, match="already"):
+        first.complete("twice")
+    cache.close()
+
+
+def test_ttl_expiry_with_jitter_on_fake_clock():
+    clock = Clock()
+    cache = make(clock=clock, ttl_jitter=0.1)
+
+    async def go():
+        await answer(cache, chat("Write a haiku about the sea"), "Waves.")          # default class: 1 h
+        entry = cache.store.get(cache.store.ids()[0])
+        ttl = entry.expires_at - entry.created_at
+        assert 3240 <= ttl <= 3960 and ttl != 3600                                   # jittered within +-10 %
+        clock.t += ttl - 1
+        assert (await cache.lookup(chat("Write a haiku about the sea"))).layer == "exact"
+        clock.t += 2
+        assert (await cache.lookup(chat("Write a haiku about the sea"))).layer == "miss"
+
+    run(go())
+    cache.close()
+
+
+def test_expired_entries_are_purged_from_every_layer():
+    clock = Clock()
+    cache = make(semantic=FakeSemantic(), clock=clock)
+    run(answer(cache, chat("What is the status of the nightly build?"), "Green."))       # status: 5 min
+    assert len(cache.store) == len(cache.semantic) == 1
+    clock.t += 400
+    run(answer(cache, chat("Write a haiku about rain"), "Drops."))                       # writer idles -> purge
+    assert len(cache.store) == len(cache.semantic) == 1 and len(cache.exact) == 1
+    assert cache.store.entries().__next__().text == "Write a haiku about rain"
+    cache.close()
+
+
+@pytest.mark.parametrize("leaky", [False, True])
+def test_tenant_isolation_even_at_similarity_one(leaky):
+    semantic = FakeSemantic(leaky=leaky)
+    cache = make(semantic=semantic)
+
+    async def go():
+        await answer(cache, chat("Summarise our holiday plan for the team offsite", tenant="acme"), "ACME SECRET")
+        other = await cache.lookup(chat("Summarise our holiday plan for the team offsite", tenant="globex"))
+        same = await cache.lookup(chat("Summarise our holiday plan for the team offsite", tenant="acme"))
+        return other, same
+
+    other, same = run(go())
+    assert other.layer == "miss" and other.hit is None
+    assert same.hit.text == "ACME SECRET"
+    if leaky:
+        assert cache.stats()["counters"]["semantic"]["rejected"] == 1     # the facade refused the index's cross-tenant match
+    cache.close()
+
+
+@pytest.mark.parametrize("leaky", [False, True])
+def test_follow_ups_never_hit_an_entry_made_under_another_context(leaky):
+    rows = json.loads((datasets_dir() / "en_contextual_queries.json").read_text())       # all 128 conversations
+    cache = make(semantic=FakeSemantic(leaky=leaky))
+
+    async def go():
+        for row in rows:        # each follow-up cached under its own conversation
+            history = [{"role": "user", "content": row["Main Query"]},
+                       {"role": "assistant", "content": row["Main Query Response"]}]
+            await answer(cache, chat(row["Follow-Up Query"], history=history), row["Follow Up Query Response"])
+        hits = []
+        for i, row in enumerate(rows):  # the same follow-up under another conversation, and with none at all
+            other = rows[(i + 1) % len(rows)]
+            history = [{"role": "user", "content": other["Main Query"]},
+                       {"role": "assistant", "content": other["Main Query Response"]}]
+            for h in (history, ()):
+                lookup = await cache.lookup(chat(row["Follow-Up Query"], history=h))
+                hits.append(lookup.hit)
+                if lookup.hit is None and lookup.layer == "miss":
+                    lookup.fail(RuntimeError("not computed in this test"))
+        return hits
+
+    hits = run(go())
+    assert hits == [None] * len(hits)
+    assert cache.stats()["counters"]["write"]["written"] >= 100    # the follow-ups were cacheable, so this is a real check
+    cache.close()
+
+
+def test_single_flight_identical_misses_compute_once():
+    cache = make()
+    calls = []
+
+    async def compute():
+        calls.append(1)
+        await asyncio.sleep(0.05)
+        return "one answer"
+
+    async def go():
+        results = await asyncio.gather(*[cache.get_or_compute(chat("Explain quicksort"), compute) for _ in range(8)])
+        return results
+
+    results = run(go())
+    assert len(calls) == 1
+    assert {text for text, _ in results} == {"one answer"}
+    # followers got a concurrent twin's answer: labelled "shared" (not "exact": nothing was stored yet), with its source
+    assert sorted(lookup.layer for _, lookup in results) == ["miss"] + ["shared"] * 7
+    assert {lookup.hit.source for _, lookup in results if lookup.hit} == {"miss"}
+    counters = cache.stats()["counters"]
+    assert counters["single_flight"]["follower"] == 7 and counters["shared"]["hit"] == 7
+    assert "exact" not in counters or "hit" not in counters["exact"]
+    cache.close()
+
+
+def test_single_flight_semantic_neighbour_waits_for_pending_leader():
+    cache = make(semantic=FakeSemantic(), follow_similarity=0.9)
+    calls = []
+
+    async def compute():        # the leader answers only once the other request waits on it, however slow the CPU
+        calls.append(1)
+        for _ in range(1000):
+            if any(f.followers for f in cache.flights.flights.values()):
+                break
+            await asyncio.sleep(0.005)
+        return "Quicksort picks a pivot and partitions."
+
+    async def go():
+        return await asyncio.gather(cache.get_or_compute(chat("Explain quicksort algorithm please"), compute),
+                                    cache.get_or_compute(chat("please explain quicksort algorithm"), compute))
+
+    (t1, l1), (t2, l2) = run(go())
+    assert len(calls) == 1 and t1 == t2
+    assert {l1.layer, l2.layer} == {"miss", "semantic"}
+    cache.close()
+
+
+def test_leader_failure_reaches_followers_and_negative_cache_then_expires():
+    clock = Clock()
+    cache = make(clock=clock, negative_ttl_s=2.0)
+    calls = []
+
+    async def boom():
+        calls.append(1)
+        await asyncio.sleep(0.02)
+        raise RuntimeError("engine down")
+
+    async def go():
+        results = await asyncio.gather(*[cache.get_or_compute(chat("Explain heapsort"), boom) for _ in range(3)],
+                                       return_exceptions=True)
+        assert len(calls) == 1 and all(isinstance(r, RuntimeError) for r in results)
+        again = await cache.lookup(chat("Explain heapsort"))
+        assert again.layer == "negative" and str(again.error) == "engine down"
+        clock.t += 3
+        later = await cache.lookup(chat("Explain heapsort"))
+        assert later.layer == "miss"
+        later.complete("fine now")
+
+    run(go())
+    cache.close()
+
+
+def test_cancelled_leader_releases_followers_to_compute():
+    cache = make()
+    started = []
+
+    async def slow():
+        started.append(1)
+        await asyncio.sleep(10)
+        return "never"
+
+    async def fast():
+        started.append(1)
+        return "follower computed"
+
+    async def go():
+        leader = asyncio.create_task(cache.get_or_compute(chat("Explain mergesort"), slow))
+        await asyncio.sleep(0.01)
+        follower = asyncio.create_task(cache.get_or_compute(chat("Explain mergesort"), fast))
+        await asyncio.sleep(0.01)
+        leader.cancel()
+        return await follower
+
+    text, lookup = run(go())
+    assert (text, lookup.layer, len(started)) == ("follower computed", "miss", 2)
+    cache.close()
+
+
+def test_penetration_guard_marks_a_client_varying_a_number():
+    semantic = FakeSemantic()
+    semantic.lookup = lambda text, partition, embedding=None: None        # every variant misses
+    cache = make(semantic=semantic, miss_limit=3)
+
+    async def go():
+        reasons = []
+        for n in range(10, 16):
+            req = chat(f"Recommend a restaurant for {n} people", client_id="bot-1")
+            _, lookup, _ = await answer(cache, req, f"Table for {n}")
+            reasons.append(lookup.reason)
+        embeds = semantic.embeds
+        other_client = await cache.lookup(chat("Recommend a restaurant for 99 people", client_id="human"))
+        return reasons, embeds, other_client
+
+    reasons, embeds, other = run(go())
+    assert reasons == ["default"] * 4 + ["penetration-guard"] * 2
+    assert embeds == 4 + 4                       # 4 lookups + 4 writes; guarded requests embed nothing
+    assert cache.stats()["counters"]["write"]["written"] == 4           # guarded misses are not written
+    assert (other.layer, other.reason) == ("miss", "default")           # another client is not affected
+    cache.close()
+
+
+def test_full_write_queue_drops_without_blocking():
+    cache = make(write_queue_size=1)
+    gate = threading.Event()
+    cache.writer.handle = lambda job: gate.wait(5)        # a stuck writer
+
+    async def go():
+        for i in range(5):
+            lookup = await cache.lookup(chat(f"Write limerick {i}"))
+            lookup.complete(f"limerick {i}")
+
+    run(go())
+    dropped = cache.stats()["counters"]["write"]["dropped"]
+    gate.set()
+    assert dropped >= 3
+    cache.close()
+
+
+def test_pii_responses_and_untemplatable_requests_are_not_written():
+    cache = make()
+
+    async def go():
+        await answer(cache, chat("How do I contact support?"), "Mail help@corp.example or call +1 415-555-0100")
+        await answer(cache, chat("My email is bob@example.com, explain TCP"), "TCP is a transport protocol.")
+        await answer(cache, chat("Write a welcome note to bob@example.com"), "Welcome aboard, bob@example.com!")
+        filled = await cache.lookup(chat("Write a welcome note to amy@example.org"))
+        return filled
+
+    filled = run(go())
+    counters = cache.stats()["counters"]["write"]
+    assert counters == {"skipped_pii": 1, "skipped_untemplatable": 1, "written": 1}
+    assert filled.layer == "exact" and filled.hit.text == "Welcome aboard, amy@example.org!"
+    stored = [e.answer for e in cache.store.entries()]
+    assert stored == ["Welcome aboard, \u27e6EMAIL_1\u27e7!"]
+    cache.close()
+
+
+def test_every_bypass_query_is_bypassed_or_never_written():
+    rows = [json.loads(line) for line in BYPASS_QUERIES.read_text().splitlines()]
+    assert len(rows) >= 60 and {r["why"] for r in rows} == {"realtime", "money", "legal", "security", "pii"}
+    assert any(re.search(r"[\u4e00-\u9fff]", r["query"]) for r in rows)
+    cache = make(semantic=FakeSemantic())
+
+    async def go():
+        outcome = []
+        for r in rows:
+            for reply in ("I can help with that.", f"Noted: {r['query']}"):    # generic, and one that echoes the PII
+                before = len(cache.store)
+                _, lookup, _ = await answer(cache, chat(r["query"]), reply)
+                stored = [e.answer + e.text for e in cache.store.entries()]
+                leaked = r["why"] == "pii" and any(r["query"] in s for s in stored)
+                outcome.append((r["query"], lookup.layer == "bypass" or (len(cache.store) == before or not leaked)))
+                if r["why"] != "pii":
+                    assert lookup.layer == "bypass", r
+        return outcome
+
+    outcome = run(go())
+    bypass_rate = sum(ok for _, ok in outcome) / len(outcome)
+    assert bypass_rate == 1.0, [q for q, ok in outcome if not ok]
+    from strata.cache.request.pii import find_entities
+    for e in cache.store.entries():          # whatever was written from PII questions holds no personal value
+        assert not [x for x in find_entities(e.answer + " " + e.text) if x.kind != "city"], e
+    cache.close()
+
+
+def test_invalidation_by_id_tag_partition_model_tenant_and_similarity(tmp_path):
+    faq = [
+        {"question": "How do I install Strata?", "answer": "pip install strata", "tags": ["install"]},
+        {"question": "How do I upgrade Strata?", "answer": "pip install -U strata", "tags": ["install"]},
+        {"question": "What is the default port?", "answer": "8000", "ttl_class": "factual"},
+        {"question": "What is the default port?", "answer": "8000", "model": "m@2"},
+        {"question": "What is the default port?", "answer": "8000", "tenant": "acme"},
+        {"question": "What is the weather today?", "answer": "sunny"},              # realtime: skipped
+    ]
+    cache = make(semantic=FakeSemantic())
+    assert cache.warmup(faq, model="m@1") == 5
+    hit = run(cache.lookup(chat("How do I install Strata?")))
+    assert hit.layer == "exact" and hit.hit.text == "pip install strata"
+    assert cache.invalidate(tag="install") == 2
+    assert cache.invalidate(model="m@2") == 1
+    assert cache.invalidate(partition="acme|m@1") == 1
+    assert cache.invalidate(similar_to="what is the default port", min_similarity=0.9, tenant="other") == 0
+    assert cache.invalidate(similar_to="what is the default port", min_similarity=0.9) == 1
+    assert len(cache.store) == 0 and len(cache.semantic) == 0 and len(cache.exact) == 0
+    assert run(cache.lookup(chat("How do I install Strata?"))).layer == "miss"
+    with pytest.raises(ValueError, match="at least one"):
+        cache.invalidate()
+    with pytest.raises(ValueError, match="record 2: needs string fields"):
+        cache.warmup([faq[0], {"question": "q"}], model="m@1")
+    assert len(cache.store) == 0                            # nothing written when one record is bad
+    cache.close()
+
+
+def test_invalidate_by_entry_id_and_queued_writes_are_dropped():
+    cache = make()
+    gate = threading.Event()
+    write = cache.writer.handle
+    cache.writer.handle = lambda job: (gate.wait(5), write(job))       # a slow writer
+
+    async def go():
+        lookup = await cache.lookup(chat("Explain recursion"))
+        lookup.complete("It calls itself.")                 # queued, not yet stored
+        assert cache.invalidate(tenant="default") == 0      # nothing stored yet, but the queued write is now stale
+        gate.set()
+        await cache.drain()
+        assert (await cache.lookup(chat("Explain recursion"))).layer == "miss"
+        _, _, _ = await answer(cache, chat("Explain iteration"), "Loops.")
+        hit = await cache.lookup(chat("Explain iteration"))
+        assert cache.invalidate(entry_id=hit.hit.entry_id) == 1
+        assert cache.invalidate(entry_id=hit.hit.entry_id) == 0
+
+    run(go())
+    assert cache.stats()["counters"]["write"] == {"skipped_invalidated": 1, "written": 1}
+    cache.close()
+
+
+def test_restart_keeps_entries_and_rebuilds_the_semantic_index(tmp_path):
+    clock = Clock()
+    cache = make(tmp_path, semantic=FakeSemantic(), clock=clock)
+    run(answer(cache, chat("Explain the TCP three way handshake"), "SYN, SYN-ACK, ACK."))
+    run(cache.lookup(chat("Explain the TCP three way handshake")))
+    cache.close()
+    clock.t += 60
+    semantic = FakeSemantic()
+    reopened = make(tmp_path, semantic=semantic, clock=clock)
+    assert len(semantic) == 1 and semantic.embeds == 0                 # rebuilt from stored embeddings
+
+    async def go():
+        exact = await reopened.lookup(chat("Explain the TCP three way handshake"))
+        near = await reopened.lookup(chat("explain the tcp three-way handshake"))
+        return exact, near
+
+    exact, near = run(go())
+    assert exact.layer == "exact" and exact.hit.age_s == 60
+    assert near.layer in ("semantic", "semantic-similar") and near.hit.text == "SYN, SYN-ACK, ACK."
+    assert reopened.store.get(exact.hit.entry_id).hits == 1               # hit count persisted before the restart
+    reopened.close()
+
+
+def test_review_ring_and_similarity_histogram():
+    cache = make(semantic=FakeSemantic(), review_below=0.999)
+
+    async def go():
+        await answer(cache, chat("Explain how binary search works on arrays"), "Halve the range each step.")
+        return await cache.lookup(chat("Explain how binary search works on sorted arrays"))
+
+    lookup = run(go())
+    assert lookup.layer in ("semantic", "semantic-similar")
+    review = cache.review()
+    assert len(review) == 1 and review[0]["similarity"] == lookup.hit.similarity
+    assert review[0]["cached"] == "Explain how binary search works on arrays"
+    assert cache.stats()["similarity"]["count"] == 1
+    with pytest.raises(ValueError):
+        cache.review(-1)
+    cache.close()
+
+
+def test_sampled_requests_follow_the_temperature_rule():
+    cache = make(semantic=FakeSemantic())
+
+    async def go():
+        unseeded = await cache.lookup(chat("Write a poem", sampling={"temperature": 0.8}))
+        _, seeded, _ = await answer(cache, chat("Write a poem", sampling={"temperature": 0.8, "seed": 7}), "Roses.")
+        again = await cache.lookup(chat("Write a poem", sampling={"temperature": 0.8, "seed": 7}))
+        other_seed = await cache.lookup(chat("Write a poem", sampling={"temperature": 0.8, "seed": 8}))
+        other_seed.fail(RuntimeError("skip"))
+        return unseeded, again, other_seed
+
+    unseeded, again, other_seed = run(go())
+    assert (unseeded.layer, unseeded.reason) == ("bypass", "sampling")
+    assert again.layer == "exact" and other_seed.layer == "miss"
+    assert len(cache.semantic) == 0                                       # sampled answers never enter the semantic index
+    cache.close()
+
+
+def test_no_cache_skips_lookup_but_writes_and_no_store_does_neither():
+    cache = make()
+
+    async def go():
+        _, fresh, _ = await answer(cache, chat("Explain DNS", no_cache=True), "v2")
+        assert (fresh.layer, fresh.reason) == ("bypass", "no-cache")
+        assert (await cache.lookup(chat("Explain DNS"))).hit.text == "v2"
+        _, nostore, _ = await answer(cache, chat("Explain NTP", no_store=True), "x")
+        assert nostore.layer == "bypass" and (await cache.lookup(chat("Explain NTP"))).layer == "miss"
+
+    run(go())
+    with pytest.raises(ValueError):
+        run(cache.lookup("not a request"))
+    cache.close()
+
+
+def test_broken_semantic_layer_degrades_to_exact_only():
+    semantic = FakeSemantic()
+    semantic.lookup = lambda *a: (_ for _ in ()).throw(RuntimeError("index corrupt"))
+    cache = make(semantic=semantic)
+
+    async def go():
+        _, miss, _ = await answer(cache, chat("Explain garbage collection"), "Mark and sweep.")
+        return miss, await cache.lookup(chat("Explain garbage collection"))
+
+    miss, hit = run(go())
+    assert miss.layer == "miss" and hit.layer == "exact"
+    assert cache.stats()["counters"]["semantic"]["error"] == 1
+    cache.close()
+
+
+def test_with_the_real_semantic_cache(tmp_path):
+    semantic_mod = pytest.importorskip("strata.cache.request.semantic")
+    from strata.cache.request.embedders import HashEmbedder
+
+    def semantic():
+        return semantic_mod.SemanticCache(HashEmbedder(), semantic_mod.Thresholds(serve=0.97, similar=0.85))
+
+    clock = Clock()
+    cache = make(tmp_path, semantic=semantic(), clock=clock)
+    run(answer(cache, chat("How do I sort a list in Python?", tenant="acme"), "Use sorted(xs)."))
+    cache.close()
+    reopened = make(tmp_path, semantic=semantic(), clock=clock)
+
+    async def go():
+        near = await reopened.lookup(chat("how do i sort a list in python", tenant="acme"))
+        other = await reopened.lookup(chat("How do I sort a list in Python?", tenant="globex"))
+        other.fail(RuntimeError("not computed"))
+        return near, other
+
+    near, other = run(go())
+    assert len(reopened.semantic) == 1
+    assert near.layer in ("semantic", "semantic-similar") and near.hit.text == "Use sorted(xs)."
+    assert other.hit is None
+    reopened.close()
+
+
+def test_a_dropped_or_hung_leader_does_not_block_the_next_request():
+    cache = make(follow_timeout_s=0.05)
+
+    async def go():
+        forgotten = await cache.lookup(chat("Explain bubble sort"))
+        assert forgotten.layer == "miss"                      # the caller forgets complete()/fail()/release()
+        again = await cache.lookup(chat("Explain bubble sort"))
+        assert again.layer == "miss"                          # waits follow_timeout_s for it, then leads
+        hung = again                                          # now a leader that never answers
+        follower = await cache.lookup(chat("Explain bubble sort"))
+        assert follower.layer == "miss"                       # gave up after follow_timeout_s and leads itself
+        follower.complete("Swap neighbours until sorted.")
+        hung.fail(RuntimeError("late"))                       # a late failure does not hide the stored answer
+        await cache.drain()
+        return await cache.lookup(chat("Explain bubble sort"))
+
+    assert run(go()).hit.text == "Swap neighbours until sorted."
+    assert cache.stats()["counters"]["single_flight"]["timeout"] == 2
+    cache.close()
+
+
+def test_memory_layer_is_bounded_but_the_store_keeps_everything():
+    cache = make(max_entries=2)
+
+    async def go():
+        for i in range(5):
+            await answer(cache, chat(f"Write limerick number {i}"), f"limerick {i}")
+        assert len(cache.exact) == 2 and len(cache.store) == 5
+        first = await cache.lookup(chat("Write limerick number 0"))        # evicted from memory, served from the store
+        assert first.hit.text == "limerick 0"
+
+    run(go())
+    cache.close()
+    tiny = make(max_bytes=1000)
+    run(answer(tiny, chat("Write a long essay"), "x" * 5000))
+    assert len(tiny.exact) == 0 and run(tiny.lookup(chat("Write a long essay"))).hit.text == "x" * 5000
+    tiny.close()
+
+
+def test_single_flight_never_joins_across_tenants():
+    cache = make()
+    calls = []
+
+    async def compute():
+        calls.append(1)
+        mine = len(calls)
+        await asyncio.sleep(0.02)
+        return f"answer {mine}"
+
+    async def go():
+        return await asyncio.gather(cache.get_or_compute(chat("Explain shellsort", tenant="a"), compute),
+                                    cache.get_or_compute(chat("Explain shellsort", tenant="b"), compute))
+
+    (ta, la), (tb, lb) = run(go())
+    assert len(calls) == 2 and ta != tb and la.layer == lb.layer == "miss"
+    cache.close()
+
+
+def test_tags_are_validated_and_usable_for_invalidation():
+    cache = make()
+
+    async def go():
+        lookup = await cache.lookup(chat("Explain TLS"))
+        with pytest.raises(ValueError, match="tags"):
+            lookup.complete("x", tags="security")
+        lookup.complete("Handshake, then symmetric keys.", tags=("docs", "tls"))
+        await cache.drain()
+
+    run(go())
+    assert cache.invalidate(tag="tls") == 1
+    cache.close()
+
+
+def test_followers_of_a_semantic_hit_are_shared_and_say_its_layer():
+    semantic = FakeSemantic()
+    cache = make(semantic=semantic)
+    run(answer(cache, chat("Explain how binary search works on arrays"), "Halve the range each step."))
+
+    async def go():
+        return await asyncio.gather(*[cache.lookup(chat("Explain how binary search works on sorted arrays"))
+                                      for _ in range(3)])
+
+    lookups = run(go())
+    assert sorted(lk.layer for lk in lookups) == ["semantic-similar", "shared", "shared"]
+    assert {lk.hit.source for lk in lookups if lk.layer == "shared"} == {"semantic-similar"}
+    assert sorted(lk.reason for lk in lookups) == ["conceptual", "single-flight", "single-flight"]
+    assert {lk.hit.text for lk in lookups} == {"Halve the range each step."}
+    cache.close()
+
+
+@pytest.mark.parametrize("bad", [dict(max_entries=0), dict(ttl_jitter=1.5), dict(temperature_rule="maybe"),
+                                 dict(write_queue_size=0), dict(miss_limit=0)])
+def test_bad_config_is_a_value_error(bad):
+    with pytest.raises(ValueError):
+        RequestCacheConfig(**bad)
+
+
+def test_a_released_miss_lets_its_followers_compute_at_once():
+    """A leader that gives up before computing (client gone, engine refused) releases its followers explicitly:
+    they do not wait for garbage collection or the follow timeout."""
+    cache = make(follow_timeout_s=60)
+
+    async def go():
+        leader = await cache.lookup(chat("Explain heapsort"))
+        follower = asyncio.create_task(cache.lookup(chat("Explain heapsort")))
+        await asyncio.sleep(0.05)
+        assert not follower.done()
+        held = leader                     # still referenced: only an explicit release can free the follower
+        held.release()
+        second = await asyncio.wait_for(follower, 1.0)
+        held.release()                    # idempotent
+        return held, second
+
+    leader, second = run(go())
+    assert leader.layer == "miss" and second.layer == "miss"      # the follower leads now and computes itself
+    with pytest.raises(RuntimeError, match="already"):
+        leader.complete("too late")
+    cache.close()
+
+
+def test_hit_counts_are_never_lost_between_the_event_loop_and_the_writer(tmp_path):
+    """_touch (event loop) and _persist_hits (writer thread) share the pending-hits map under one lock. The map here
+    inserts slowly, so that without the lock the writer swaps it out mid-insert and that hit is never persisted."""
+
+    class SlowInsert(dict):
+        def __setitem__(self, key, value):
+            time.sleep(0.05)
+            super().__setitem__(key, value)
+
+    cache = make(tmp_path)
+    run(answer(cache, chat("What is a heap?"), "A tree with the heap property."))
+    entry = cache.exact.get(next(iter(cache.store.ids())))
+    cache._persist_hits()
+    cache.touched = SlowInsert()
+    loop_side = threading.Thread(target=cache._touch, args=(entry,))   # the event loop counting a hit
+    loop_side.start()
+    time.sleep(0.01)                                                   # ... and now mid-insert
+    cache._persist_hits()                                              # the writer thread's idle work
+    loop_side.join()
+    cache._persist_hits()
+    assert entry.hits == 1 and cache.store.get(entry.entry_id).hits == 1
+    cache.close()
+
+
+def test_store_reads_and_waits_stay_off_the_event_loop(tmp_path, caplog):
+    """asyncio debug mode reports any callback over 50 ms; an exact lookup that misses memory reads SQLite while
+    the writer thread holds the store's lock for 300 ms, and the event loop must not wait for it."""
+    cache = make(tmp_path, max_entries=1)
+    run(answer(cache, chat("What is a trie?"), "A prefix tree."))
+    run(answer(cache, chat("What is a deque?"), "A double-ended queue."))     # evicts the trie from memory
+    assert len(cache.exact) == 1
+
+    def hold_store(seconds):
+        with cache.store.lock:
+            time.sleep(seconds)
+
+    async def go():
+        asyncio.get_running_loop().slow_callback_duration = 0.05
+        holder = threading.Thread(target=hold_store, args=(0.3,))
+        holder.start()
+        await asyncio.sleep(0.02)
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while holder.is_alive():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        ticker = asyncio.create_task(tick())
+        hit = await cache.lookup(chat("What is a trie?"))
+        await ticker
+        holder.join()
+        return hit, ticks
+
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        hit, ticks = asyncio.run(go(), debug=True)
+    assert hit.layer == "exact" and hit.hit.text == "A prefix tree."
+    slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
+    assert not slow, slow
+    assert ticks >= 10              # the loop kept running other work while the store was busy
+    cache.close()

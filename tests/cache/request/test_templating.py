@@ -1,0 +1,72 @@
+"""PII detection and templating: personal values become placeholders only when that is provably a copy."""
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from strata.cache.request.pii import find_entities, has_pii
+from strata.cache.request.templating import fill_answer, template_answer, template_request
+
+
+@pytest.mark.parametrize("text, kind, value", [
+    ("write to jane.doe@example.com", "email", "jane.doe@example.com"),
+    ("call +1 415-555-0134 now", "phone", "+1 415-555-0134"),
+    ("我的手机号是13912345678", "phone", "13912345678"),
+    ("身份证11010519491231002X", "id_number", "11010519491231002X"),
+    ("SSN 123-45-6789", "id_number", "123-45-6789"),
+    ("card 4111 1111 1111 1111", "bank_card", "4111 1111 1111 1111"),
+    ("where is order #A7731920", "order_number", "A7731920"),
+    ("我的订单号是 DD20240501", "order_number", "DD20240501"),
+    ("ship to 742 Evergreen Terrace Drive", "address", "742 Evergreen Terrace Drive"),
+    ("My name is Robert Miller.", "name", "Robert Miller"),
+    ("我叫王小明", "name", "王小明"),
+    ("meet on May 3, 2024", "date", "May 3, 2024"),
+    ("it costs $30.50", "amount", "$30.50"),
+    ("fly to Shanghai", "city", "Shanghai"),
+])
+def test_find_entities(text, kind, value):
+    assert (kind, value) in [(e.kind, e.value) for e in find_entities(text)]
+
+
+@pytest.mark.parametrize("text", [
+    "Mount Everest is 8,848 meters tall", "Python 3.11.7 came out in 2023", "1234 5678 9012 3456 is not a card",
+    "Explain the order of operations", "我是学生",
+])
+def test_no_false_pii(text):
+    assert not has_pii(text)
+
+
+def test_template_round_trip_fills_the_next_request():
+    first = template_request("Write a thank-you note to bob@example.com for the meeting on May 3")
+    stored = template_answer("Dear bob@example.com, thanks for meeting on May 3!", first.values)
+    assert stored is not None and "bob@example.com" not in stored and "May 3" not in stored
+    second = template_request("Write a thank-you note to amy@example.org for the meeting on June 9")
+    assert second.text == first.text
+    assert fill_answer(stored, second.values) == "Dear amy@example.org, thanks for meeting on June 9!"
+
+
+@pytest.mark.parametrize("answer", [
+    "Thanks for the meeting!",                                   # a request value is missing: answer may depend on it
+    "Dear bob@example.com, your refund of $30 is on its way",     # an amount the request did not carry
+    "Dear bob@example.com, also cc carol@example.com",            # someone else's PII
+    "Dear bob@example.com \u27e6EMAIL_9\u27e7",                   # placeholder look-alike
+])
+def test_unsafe_answers_are_not_templated(answer):
+    assert template_answer(answer, template_request("Write a note to bob@example.com").values) is None
+
+
+def test_non_personal_requests_stay_literal_and_fill_needs_every_value():
+    assert template_request("Tell me about Paris on May 3").values == {}
+    assert fill_answer("Hi \u27e6EMAIL_1\u27e7", {}) is None
+    assert fill_answer("no placeholders", {}) == "no placeholders"
+
+
+_user = st.text("abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=12)
+
+
+@given(a=_user, b=_user, domain=st.sampled_from(["example.com", "mail.cn", "corp.io"]))
+def test_template_then_fill_round_trips_for_any_address(a, b, domain):
+    first, second = f"{a}@{domain}", f"{b}x@{domain}"
+    stored = template_answer(f"Hello {first}, welcome!", template_request(f"Greet {first}").values)
+    assert stored == "Hello \u27e6EMAIL_1\u27e7, welcome!"
+    assert fill_answer(stored, template_request(f"Greet {first}").values) == f"Hello {first}, welcome!"
+    assert fill_answer(stored, template_request(f"Greet {second}").values) == f"Hello {second}, welcome!"

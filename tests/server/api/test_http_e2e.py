@@ -1,0 +1,196 @@
+"""End to end over real HTTP with the official openai client: one uvicorn server on 127.0.0.1 for the module,
+the real default model, and all three cache layers as shipped (the semantic layer with its default embedder)."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+
+import matplotlib.pyplot as plt
+import pytest
+from helpers.http_server import MODEL, admin, ask, client, default_semantic, start_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from strata.server.api.serving import SIMILAR_NOTE
+
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+
+NOTE_START = SIMILAR_NOTE.split("(")[0]
+FRANCE = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_server(default_semantic()) as srv:
+        yield srv
+
+
+def test_chat_completion_miss_then_exact_hit(server):
+    layer, _, first = ask(server, FRANCE)
+    assert layer == "miss"
+    text = first.choices[0].message.content
+    assert text.strip() and first.choices[0].finish_reason in ("stop", "length")
+    assert first.usage.prompt_tokens > 5 and 0 < first.usage.completion_tokens <= 8
+    assert first.model_extra["strata"]["cache"] == "miss"
+    server.settle()
+    layer, sim, second = ask(server, FRANCE)
+    assert layer == "exact" and second.choices[0].message.content == text
+    assert second.model_extra["strata"] == {"cache": "exact", "similarity": 1.0, "reason": "factual"}
+
+
+def test_completion_endpoint(server):
+    raw = client(server).completions.with_raw_response.create(model=MODEL, prompt="The sky is", max_tokens=8,
+                                                              temperature=0)
+    out = raw.parse()
+    assert raw.headers["x-strata-cache"] == "miss"
+    assert out.object == "text_completion" and out.choices[0].text.strip()
+    assert out.usage.completion_tokens == 8 and out.choices[0].finish_reason == "length"
+
+
+def test_streaming_with_usage_and_cached_stream(server):
+    messages = [{"role": "user", "content": "Name a primary color."}]
+    kwargs = dict(model=MODEL, messages=messages, max_tokens=8, temperature=0, stream=True,
+                  stream_options={"include_usage": True})
+    results = []
+    for _ in range(2):
+        raw = client(server).chat.completions.with_raw_response.create(**kwargs)
+        chunks = list(raw.parse())
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+        results.append((raw.headers["x-strata-cache"], text))
+        server.settle()
+    assert results[0][0] == "miss" and results[1][0] == "exact"     # a cached answer streams too
+    assert results[0][1] == results[1][1] and results[0][1].strip()
+
+
+def test_paraphrase_is_a_semantic_hit(server):
+    """The shipped semantic layer (real embedder, calibrated thresholds, verifier) serves a close paraphrase."""
+    ask(server, "How many legs does a spider have?")
+    server.settle()
+    layer, sim, out = ask(server, "How many legs has a spider?")
+    assert layer in ("semantic", "semantic-similar")
+    assert 0.9 < float(sim) <= 1.0
+    assert out.model_extra["strata"]["similarity"] == pytest.approx(float(sim), abs=1e-4)
+    assert out.choices[0].message.content.startswith(NOTE_START) == (layer == "semantic-similar")
+
+
+def test_realtime_question_bypasses_both_times(server):
+    for _ in range(2):
+        layer, _, out = ask(server, "What is the weather in Paris right now?")
+        assert layer == "bypass" and out.model_extra["strata"]["reason"] == "realtime"
+        server.settle()
+
+
+def test_tenants_do_not_share_answers(server):
+    question = "Who wrote Hamlet?"
+    assert ask(server, question, key="key-acme")[0] == "miss"
+    server.settle()
+    assert ask(server, question, key="key-globex")[0] == "miss"
+    server.settle()
+    assert ask(server, question, key="key-acme")[0] == "exact"
+
+
+def test_invalidate_by_tag_then_miss(server):
+    question = "What is the boiling point of water at sea level?"
+    ask(server, question, extra_body={"cache_tags": ["physics"]})
+    server.settle()
+    assert ask(server, question)[0] == "exact"
+    assert admin(server, "/admin/cache/invalidate", json={"tag": "physics"}).json() == {"deleted": 1}
+    assert ask(server, question)[0] == "miss"
+
+
+def test_invalidate_similar_to_query(server):
+    question = "Who painted the Mona Lisa?"
+    ask(server, question)
+    server.settle()
+    body = {"similar_to": "who painted the mona lisa", "min_similarity": 0.9, "tenant": "acme"}
+    assert admin(server, "/admin/cache/invalidate", json=body).json()["deleted"] >= 1
+    assert ask(server, question)[0] == "miss"
+
+
+def test_cache_control_and_body_modes(server):
+    q1, q2 = "What colour is a ripe banana?", "What is the largest planet?"
+    assert ask(server, q1, extra_headers={"Cache-Control": "no-store"})[0] == "bypass"
+    server.settle()
+    assert ask(server, q1)[0] == "miss"                  # no-store wrote nothing
+    assert ask(server, q2, extra_headers={"Cache-Control": "no-cache"})[0] == "bypass"
+    server.settle()
+    assert ask(server, q2)[0] == "exact"                 # no-cache skipped the lookup but wrote
+    assert ask(server, q2, extra_body={"cache": "off"})[0] == "bypass"
+    assert ask(server, "what is the largest planet", extra_body={"cache": "exact-only"})[0] == "miss"
+
+
+def test_warmup_then_exact_hit(server):
+    faq = '{"question": "What are your opening hours?", "answer": "We are open 9 to 5.", "tags": ["faq"]}\n'
+    res = admin(server, "/admin/cache/warmup?tenant=acme&max_tokens=8", content=faq)
+    assert res.status_code == 200 and res.json() == {"written": 1}
+    layer, _, out = ask(server, "What are your opening hours?")
+    assert layer == "exact" and out.choices[0].message.content == "We are open 9 to 5."
+
+
+def test_admin_stats_models_health(server):
+    stats = admin(server, "/admin/cache/stats").json()
+    assert stats["request_cache"]["counters"]["exact"]["hit"] >= 1 and "kv_blocks_used" in stats["engine"]
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    with server.http(None) as http:
+        assert http.get("/health").json()["status"] == "ok"
+
+
+def test_metrics_parse_and_carry_families(server):
+    ask(server, FRANCE)
+    with server.http(None) as http:
+        text = http.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("strata_requests", "strata_request_latency_seconds", "strata_time_to_first_token_seconds",
+                 "strata_time_per_output_token_seconds", "strata_tokens_per_second", "strata_kv_blocks",
+                 "strata_kv_swap_blocks", "strata_preemptions", "strata_prefix_cache_hits",
+                 "strata_request_cache_hits", "strata_request_cache_similarity"):
+        assert name in families, name
+    hits = {s.labels["layer"]: s.value for s in families["strata_request_cache_hits"].samples
+            if s.name.endswith("_total")}
+    assert hits["exact"] >= 1 and hits["semantic"] + hits["semantic-similar"] >= 1
+    latency = {s.labels["cache_layer"] for s in families["strata_request_latency_seconds"].samples}
+    assert {"exact", "miss", "bypass"} <= latency
+    kv = {s.labels["state"]: s.value for s in families["strata_kv_blocks"].samples}
+    assert kv["total"] == server.stats()["kv_blocks_total"] and kv["used"] + kv["free"] == kv["total"]
+    sim_count = [s.value for s in families["strata_request_cache_similarity"].samples if s.name.endswith("_count")]
+    assert sim_count[0] >= 1
+
+
+CHROMIUM = shutil.which("chromium")
+
+
+def chromium(url: str, *args: str) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as profile:
+        return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                               "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                               "--disable-sync", f"--user-data-dir={profile}", "--virtual-time-budget=5000",
+                               "--window-size=1200,900", *args, url],
+                              capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless test of the status page needs Debian's chromium "
+                                             "(apt-get install -y chromium)")
+def test_status_page_in_headless_chromium(server, tmp_path):
+    ask(server, FRANCE)                  # at least one exact hit to show
+    dom = chromium(server.url + "/", "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+
+    def cell(id_: str) -> str:
+        return re.search(rf'id="{id_}"[^>]*>([^<]*)<', html).group(1)
+
+    assert cell("model").startswith(MODEL + "@")               # JS replaced the "…" placeholders
+    assert int(cell("kv-total")) == server.stats()["kv_blocks_total"]
+    exact = re.search(r"<td>exact</td><td>(\d+)</td>", html)
+    assert exact and int(exact.group(1)) >= 1
+    assert re.search(r"<td>chat</td><td>exact</td>", html)   # recent requests with their layer
+    shot = tmp_path / "status.png"
+    res = chromium(server.url + "/", f"--screenshot={shot}")
+    assert res.returncode == 0 and shot.stat().st_size > 10_000, res.stderr[-2000:]
+    pixels = plt.imread(shot)
+    assert pixels.shape[:2] == (900, 1200) and pixels.std() > 0.05    # not a blank page

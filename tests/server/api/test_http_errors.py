@@ -1,0 +1,175 @@
+"""Every bad input gets OpenAI's error shape and the right status; afterwards the server answers and no KV
+block leaks (also when a client disconnects mid-stream)."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from helpers.http_server import MODEL, hash_semantic, start_server
+
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_server(hash_semantic()) as srv:
+        srv.idle = srv.stats()["kv_blocks_used"]
+        yield srv
+
+
+@pytest.fixture(autouse=True)
+def still_healthy(server):
+    """After each test: the server still answers a real request and every KV block is back."""
+    yield
+    assert server.idle_blocks(server.idle) == server.idle
+    with server.http() as http:
+        res = http.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "Say hi."}],
+                                    "max_tokens": 2, "temperature": 0})
+    assert res.status_code == 200, res.text
+
+
+def error_of(res, status: int, code: str | None = None, param: str | None = None) -> dict:
+    assert res.status_code == status, res.text
+    err = res.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if code is not None:
+        assert err["code"] == code, err
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+def chat(server, key: str | None = "key-acme", **body):
+    payload = {"model": MODEL, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4} | body
+    with server.http(key) as http:
+        return http.post(CHAT, json=payload)
+
+
+def test_malformed_json(server):
+    with server.http() as http:
+        res = http.post(CHAT, content=b'{"model": "x", "messages": [', headers={"content-type": "application/json"})
+    error_of(res, 400, "invalid_json")
+
+
+def test_body_not_an_object(server):
+    with server.http() as http:
+        error_of(http.post(CHAT, json=[1, 2]), 400, "invalid_json")
+
+
+def test_missing_field(server):
+    with server.http() as http:
+        error_of(http.post(CHAT, json={"model": MODEL}), 400, "missing_required_parameter", "messages")
+
+
+@pytest.mark.parametrize("field,value,param", [
+    ("max_tokens", "ten", "max_tokens"),
+    ("temperature", "hot", "temperature"),
+    ("messages", "hello", "messages"),
+    ("stream", "yes", "stream"),
+    ("cache", "sometimes", "cache"),
+])
+def test_wrong_types(server, field, value, param):
+    error_of(chat(server, **{field: value}), 400, "invalid_value", param)
+
+
+def test_wrong_role_names_the_message(server):
+    err = error_of(chat(server, messages=[{"role": "robot", "content": "x"}]), 400)
+    assert err["param"].startswith("messages.0.role")
+
+
+def test_unknown_model_via_openai_client(server):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="key-acme", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.code == "model_not_found" and info.value.param == "model"
+
+
+def test_context_length_exceeded(server):
+    long_text = "word " * (server.inputs.info.max_model_len + 10)
+    error_of(chat(server, messages=[{"role": "user", "content": long_text}]), 400, "context_length_exceeded",
+             "messages")
+    with server.http() as http:
+        res = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi there", "max_tokens":
+                                                 server.inputs.info.max_model_len - 1})
+    error_of(res, 400, "context_length_exceeded", "prompt")
+
+
+@pytest.mark.parametrize("max_tokens,code", [(0, "invalid_value"), (-3, "invalid_value"), (10**6, "invalid_value")])
+def test_max_tokens_out_of_range(server, max_tokens, code):
+    error_of(chat(server, max_tokens=max_tokens), 400, code, "max_tokens")
+
+
+def test_bad_auth(server):
+    error_of(chat(server, key=None), 401, "invalid_api_key")
+    error_of(chat(server, key="stolen"), 401, "invalid_api_key")
+    with server.http(None) as http:
+        error_of(http.get("/admin/cache/stats"), 401)
+    with server.http("key-acme") as http:       # a tenant key is not the admin token
+        error_of(http.get("/admin/cache/stats"), 403, "forbidden")
+
+
+def test_oversize_body(server):
+    limit = server.app.state.config.max_body_bytes
+    with server.http() as http:
+        res = http.post(CHAT, content=json.dumps({"model": MODEL, "messages": [
+            {"role": "user", "content": "x" * (limit + 1)}]}), headers={"content-type": "application/json"})
+    error_of(res, 413, "request_too_large")
+
+    def chunks():                               # no Content-Length: the cap applies while reading
+        yield b'{"model": "' + MODEL.encode() + b'", "messages": [{"role": "user", "content": "'
+        for _ in range(limit // 65536 + 1):
+            yield b"x" * 65536
+        yield b'"}]}'
+
+    with server.http() as http:
+        error_of(http.post(CHAT, content=chunks(), headers={"content-type": "application/json"}), 413,
+                 "request_too_large")
+
+
+def test_overload_answers_503_with_retry_after_but_hits_still_serve(server):
+    question = {"messages": [{"role": "user", "content": "What is two plus two?"}], "temperature": 0}
+    assert chat(server, **question).status_code == 200
+    server.settle()
+    settings = server.app.state.config
+    saved, settings.max_queue = settings.max_queue, 0
+    try:
+        res = chat(server, messages=[{"role": "user", "content": "Tell me about owls."}], temperature=0)
+        error_of(res, 503, "overloaded")
+        assert res.headers["retry-after"] == "1"
+        hit = chat(server, **question)
+        assert hit.status_code == 200 and hit.headers["x-strata-cache"] == "exact"
+    finally:
+        settings.max_queue = saved
+
+
+def test_n_greater_than_one_is_refused(server):
+    error_of(chat(server, n=2), 400, "invalid_value", "n")
+
+
+def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+            "max_tokens": 400, "temperature": 0, "stream": True}
+    with server.http() as http, http.stream("POST", CHAT, json=body) as res:
+        assert res.status_code == 200
+        lines = res.iter_lines()
+        seen = [next(lines) for _ in range(6)]
+        assert any('"content"' in line for line in seen)
+        assert server.stats()["kv_blocks_used"] > server.idle     # the sequence holds blocks now
+    assert server.idle_blocks(server.idle) == server.idle
+    assert server.app.state.completer.engine.num_pending == 0
+
+
+def test_disconnect_while_waiting_for_a_whole_answer_aborts_and_frees_blocks(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long essay about rivers."}],
+            "max_tokens": 400, "temperature": 0}
+    before = server.stats()["generated_tokens"]
+    with server.http() as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post(CHAT, json=body, timeout=httpx.Timeout(120, read=1.5))  # the client gives up and hangs up
+    assert server.idle_blocks(server.idle, timeout=5.0) == server.idle
+    assert server.app.state.completer.engine.num_pending == 0
+    assert server.stats()["generated_tokens"] - before < 400  # stopped early, not run to max_tokens

@@ -1,0 +1,151 @@
+"""The engine steps in a process of its own, which builds the engine: its model limits and counters cross to the
+HTTP process, it ends with the server (also when the server is killed), when it fails, requests in flight fail
+loudly instead of hanging, and when it cannot start, `strata serve` says why."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers.http_server import MODEL, ask, hash_semantic, start_server
+
+from strata.server.engine.engine_process import ENGINE_NICE
+from strata.server.engine.sampling_params import SamplingParams
+from strata.server.engine.sequence import Sequence
+
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie (a killed server cannot reap its child; init may not either)."""
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return gone(pid)
+
+
+def test_engine_steps_in_its_own_process_that_ends_with_the_server():
+    with start_server(hash_semantic()) as server:
+        process = server.app.state.completer.engine.process
+        assert process.pid != os.getpid() and process.is_alive()
+        info, stats = server.inputs.info, server.stats()       # what the engine process reported at start
+        assert info.model_id == MODEL and info.vocab_size == 49152 and stats["kv_blocks_used"] == 0
+        assert info.kv_capacity_tokens == stats["kv_capacity_tokens"]
+        layer, _, out = ask(server, "Name a colour.")
+        assert layer == "miss" and out.usage.completion_tokens > 0
+        assert server.stats()["generated_tokens"] >= out.usage.completion_tokens   # counted there, read here
+    assert process.exitcode == 0 and gone(process.pid)
+
+
+def thread_nices(pid: int) -> dict[int, int]:
+    """Nice value of each thread of a process (field 19 of /proc/PID/task/TID/stat)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[int(task.name)] = int((task / "stat").read_text().rsplit(")", 1)[1].split()[16])
+        except FileNotFoundError:       # the thread ended meanwhile
+            pass
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads per-thread nice values from Linux /proc")
+def test_every_engine_thread_runs_below_the_http_process():
+    """Linux nice is per thread: the engine's compute threads (started while loading) must be reniced too, or they
+    take the cores from the HTTP process's event loop at equal priority."""
+    with start_server(hash_semantic(), num_threads=2) as server:
+        ask(server, "Name a colour.")                        # a step ran: the intra-op worker threads exist
+        pid = server.app.state.completer.engine.process.pid
+        nices = thread_nices(pid)
+        assert len(nices) >= 2 and min(nices.values()) >= ENGINE_NICE, nices
+        assert thread_nices(os.getpid())[threading.get_native_id()] == os.getpriority(os.PRIO_PROCESS, 0) < ENGINE_NICE
+
+
+def test_a_failed_engine_step_fails_every_request_in_flight_and_health():
+    with start_server(hash_semantic()) as server:
+        engine = server.app.state.completer.engine
+        good = server.inputs.make_sequence("Write a long story.", SamplingParams(max_tokens=300, ignore_eos=True),
+                                            chat=True)
+        # skips validation: the embedding lookup of an id past the vocabulary raises inside the engine process
+        bad = Sequence("bad", [server.inputs.info.vocab_size + 5], SamplingParams(max_tokens=2))
+
+        async def collect(seq: Sequence):
+            return [out async for out in engine.submit(seq)]
+
+        async def both():
+            return await asyncio.gather(collect(good), collect(bad), return_exceptions=True)
+
+        results = asyncio.run(both())
+        for result in results:
+            assert isinstance(result, RuntimeError) and "engine step failed" in str(result), result
+        assert "Error" in str(results[1])              # the engine's traceback comes along
+        with server.http(None) as http:
+            health = http.get("/health")
+        assert health.status_code == 503 and health.json()["error"]["code"] == "engine_dead"
+        with server.http() as http:
+            res = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2,
+                                                          "messages": [{"role": "user", "content": "Hi?"}]})
+        assert res.status_code == 500 and "engine process has stopped" in res.json()["error"]["message"]
+
+
+def test_a_killed_engine_process_ends_a_stream_in_flight_with_an_error():
+    with start_server(hash_semantic()) as server:
+        process = server.app.state.completer.engine.process
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a ship."}],
+                "max_tokens": 300, "temperature": 0, "stream": True}
+        with server.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as res:
+            lines = res.iter_lines()
+            while '"content"' not in next(lines):
+                pass
+            os.kill(process.pid, signal.SIGKILL)
+            rest = list(lines)                       # the stream ends instead of hanging
+        assert any('"error"' in line and "engine process exited" in line for line in rest), rest[-3:]
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_engine_process_exits_when_the_server_is_killed(default_model_dir):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "strata.server.cli", "serve", "--port", str(port),
+                               "--no-request-cache", "--dtype", "fp32", "--kv-cache-memory", "64MiB",
+                               "--num-threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, "strata serve did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        children = [int(pid) for pid in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()]
+        assert children                               # the engine process (and multiprocessing's helper)
+    finally:
+        server.kill()
+        server.wait()
+    assert all(wait_gone(pid, timeout=10) for pid in children), children      # no orphans
+
+
+def test_an_engine_that_cannot_start_is_a_clear_error_from_strata_serve(tmp_path):
+    started = time.monotonic()
+    server = subprocess.run([sys.executable, "-m", "strata.server.cli", "serve", "--port", "0", "--no-request-cache",
+                             "--model", str(tmp_path / "missing")], capture_output=True, text=True, timeout=300)
+    assert server.returncode == 2 and time.monotonic() - started < 120
+    last = server.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the engine did not start: FileNotFoundError:") and "does not exist" in last, last

@@ -1,0 +1,102 @@
+"""The command line: flags generated from the config dataclasses, --config files, and the defects they replaced."""
+import dataclasses
+
+import pytest
+from typer.testing import CliRunner
+
+from strata.cache.request.config import RequestCacheConfig
+from strata.server import cli
+from strata.server.api import server as api_server
+from strata.server.api.config import ServerConfig
+from strata.server.engine.config import EngineConfig
+from strata.server.flags import flags_of
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def served(monkeypatch):
+    """What `strata serve` would run with: run_server is replaced by a recorder."""
+    calls = []
+    monkeypatch.setattr(api_server, "run_server", lambda engine, server: calls.append((engine, server)))
+    return calls
+
+
+def serve(served, *args):
+    result = runner.invoke(cli.app, ["serve", *args])
+    return result, (served[-1] if served else None)
+
+
+def test_serve_without_flags_uses_the_dataclass_defaults(served):
+    result, (engine, server) = serve(served)
+    assert result.exit_code == 0, result.output
+    assert engine == EngineConfig() and server == ServerConfig()
+    assert server.cache.db == ".strata/request_cache.db" and server.max_queue == 256
+
+
+def test_every_config_field_is_a_flag_with_help(served):
+    result = runner.invoke(cli.app, ["serve", "--help"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0
+    flags = flags_of("engine", EngineConfig) + flags_of("server", ServerConfig)
+    names = {f.option for f in flags}
+    assert len(names) == len(flags) == len(dataclasses.fields(EngineConfig)) + len(dataclasses.fields(ServerConfig)) \
+        - 1 + len(dataclasses.fields(RequestCacheConfig))
+    for flag in flags:
+        assert flag.option in result.output, flag.option
+        assert flag.help, f"{flag.option} has no help comment"
+
+
+def test_each_request_cache_setting_reaches_the_server(served):
+    result, (_, server) = serve(served, "--cache-db", "none", "--cache-semantic-top-k", "3", "--no-cache-second-stage",
+                                "--cache-temperature-rule", "bypass", "--cache-embedder", "none", "--max-queue", "7")
+    assert result.exit_code == 0, result.output
+    assert server.cache == RequestCacheConfig(db=None, semantic_top_k=3, second_stage=False,
+                                              temperature_rule="bypass", embedder="none")
+    assert server.max_queue == 7 and not server.cache.semantic
+
+
+def test_bool_flags_never_read_an_inline_value_as_true(served):
+    result, _ = serve(served, "--enforce-eager=false")
+    assert result.exit_code == 2 and "does not take a value" in result.output
+    assert not served
+    _, (engine, _) = serve(served, "--enforce-eager")
+    assert engine.enforce_eager
+    _, (engine, _) = serve(served, "--no-enforce-eager")
+    assert not engine.enforce_eager
+
+
+def test_invalid_values_are_clear_errors(served):
+    result, _ = serve(served, "--block-size", "7")
+    assert result.exit_code == 2 and "block_size must be one of" in result.output
+    result, _ = serve(served, "--max-model-len", "lots")
+    assert result.exit_code == 2 and "--max-model-len" in result.output
+
+
+def test_config_file_fills_the_same_fields_and_flags_override_it(served, tmp_path):
+    path = tmp_path / "strata.toml"
+    path.write_text('[engine]\nkv_dtype = "int8"\nblock_size = 32\n'
+                    '[server]\nport = 9001\n[server.cache]\nsemantic_top_k = 2\ndb = "x.db"\n')
+    result, (engine, server) = serve(served, "--config", str(path), "--block-size", "64")
+    assert result.exit_code == 0, result.output
+    assert (engine.kv_dtype, engine.block_size) == ("int8", 64)
+    assert (server.port, server.cache.semantic_top_k, server.cache.db) == (9001, 2, "x.db")
+    assert server.cache.embedder == RequestCacheConfig().embedder
+    path.write_text("[engine]\nkv_dtyp = 'int8'\n")
+    result, _ = serve(served, "--config", str(path))
+    assert result.exit_code == 2 and "kv_dtyp" in result.output
+
+
+def test_seeds_have_one_meaning_each():
+    """--sampling-seed (generate), --workload-seed (benches), --dummy-weights-seed (EngineConfig, every command)."""
+    texts = {name: runner.invoke(cli.app, [*name.split(), "--help"], env={"COLUMNS": "250"}).output
+             for name in ("generate", "serve", "bench throughput", "bench kv", "bench prefix")}
+    assert "--sampling-seed" in texts["generate"] and "--dummy-weights-seed" in texts["generate"]
+    for name in ("bench throughput", "bench kv", "bench prefix"):
+        assert "--workload-seed" in texts[name] and "--dummy-weights-seed" in texts[name], name
+    assert all(" --seed " not in text for text in texts.values())
+
+
+def test_cache_quality_bench_takes_the_serve_flags_for_the_cache():
+    text = runner.invoke(cli.app, ["bench", "cache-quality", "--help"], env={"COLUMNS": "250"}).output
+    assert "--cache-embedder" in text and "--cache-second-stage" in text and "--cache-semantic-top-k" in text
+    assert "--verifier" not in text
