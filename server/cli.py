@@ -58,11 +58,14 @@ def generate(
 @config_command(engine=EngineConfig, server=ServerConfig)
 def serve(engine: EngineConfig, server: ServerConfig) -> None:
     """Serve the OpenAI-compatible HTTP API (engine + exact and semantic request caches)."""
-    from strata.server.api.server import run_server
+    from strata.server.api.server import EngineFailed, run_server
     from strata.server.engine.engine_client import EngineStartError
 
     try:
         run_server(engine, server)
+    except EngineFailed as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     except (EngineStartError, OSError, ValueError) as exc:
         _fail(str(exc))
 

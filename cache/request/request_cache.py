@@ -454,6 +454,13 @@ class RequestCache:
         snap["write_queue"] = {"pending": self.writer.queue.qsize(), "errors": self.writer.errors}
         return snap
 
+    def health(self) -> dict:
+        """{"status": "ok" | "degraded", "reason"}: degraded while the background writer reports errors."""
+        errors = self.writer.errors
+        if errors:
+            return {"status": "degraded", "reason": f"{errors} background write error(s)"}
+        return {"status": "ok", "reason": ""}
+
     def review(self, limit: int = 50) -> list[dict]:
         """The latest near-threshold semantic hits (newest first), for a human to judge."""
         if not isinstance(limit, int) or limit < 0:

@@ -41,5 +41,5 @@ def create_app(engine: EngineClient, cache: RequestCache | None = None, *, auth:
     errors.install(app)
     app.include_router(openai_router(auth, completer, metrics, config.max_body_bytes))
     app.include_router(admin_router(auth, completer, config.max_body_bytes))
-    app.include_router(ops_router(engine, metrics, cache is not None))
+    app.include_router(ops_router(auth, engine, metrics, cache))
     return app

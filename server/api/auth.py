@@ -12,15 +12,18 @@ from strata.server.api.errors import APIError
 DEFAULT_TENANT = "default"
 
 
-def _bearer(request: Request) -> str | None:
+def _bearer(request: Request) -> bytes | None:
+    """The bearer token as bytes: headers may carry any byte, and comparing bytes never raises on non-ASCII."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return (token.strip() or None) if scheme.lower() == "bearer" else None
+    token = token.strip()
+    return token.encode("latin-1") if scheme.lower() == "bearer" and token else None
 
 
 @dataclass(slots=True)
 class Auth:
     keys: dict[str, str] | None = None     # API key -> tenant; None = auth off, everyone is "default"
     admin_token: str | None = None         # None = admin routes disabled
+    public_metrics: bool = False           # /metrics and /status open even with API keys
 
     @staticmethod
     def read_keys(path: str | Path) -> dict[str, str]:
@@ -45,7 +48,7 @@ class Auth:
         token = _bearer(request)
         if token is None:
             raise APIError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-        tenant = next((t for k, t in self.keys.items() if hmac.compare_digest(k, token)), None)
+        tenant = next((t for k, t in self.keys.items() if hmac.compare_digest(k.encode(), token)), None)
         if tenant is None:
             raise APIError(401, "incorrect API key provided", code="invalid_api_key")
         return tenant
@@ -57,5 +60,11 @@ class Auth:
         token = _bearer(request)
         if token is None:
             raise APIError(401, "admin route: send 'Authorization: Bearer <admin-token>'", code="invalid_api_key")
-        if not hmac.compare_digest(token, self.admin_token):
+        if not hmac.compare_digest(token, self.admin_token.encode()):
             raise APIError(403, "wrong admin token", code="forbidden")
+
+    def check_ops(self, request: Request) -> None:
+        """Metrics and status data are the admin's once API keys are on (they show traffic and tenants' questions),
+        unless the server runs with --public-metrics; without keys they are open, as every route is."""
+        if self.keys is not None and not self.public_metrics:
+            self.check_admin(request)

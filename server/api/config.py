@@ -22,11 +22,14 @@ class ServerConfig:
     api_keys: str | None = None  # file of '<api-key> <tenant>' lines; none = auth off (every caller is "default")
     admin_token: str | None = field(
         default=None, metadata={"envvar": "STRATA_ADMIN_TOKEN"})  # bearer token for /admin/cache/*; none = admin off
+    public_metrics: bool = False  # /metrics and /status without the admin token even when --api-keys is set
     max_queue: int = 256  # requests inside the engine (running + waiting) before new misses get 503 + Retry-After
     max_body_bytes: int = 1 << 20  # larger request bodies get 413
     default_max_tokens: int = 256  # max_tokens when a request names none (capped by the context left)
     similar_note: bool = True  # prefix semantic-similar answers with a visible note
     access_log: bool = True  # one log line per request (uvicorn's access log)
+    engine_restarts: int = 3  # engine process deaths tolerated within --engine-restart-window-s; one more exits 1
+    engine_restart_window_s: float = 300.0  # the window those deaths are counted in
     request_cache: bool = True  # exact + semantic request caches in front of the engine
     cache: RequestCacheConfig = field(default_factory=_served_cache)
 
@@ -35,3 +38,5 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.max_queue < 1 or self.max_body_bytes < 1 or self.default_max_tokens < 1:
             raise ValueError("max_queue, max_body_bytes and default_max_tokens must be >= 1")
+        if self.engine_restarts < 0 or self.engine_restart_window_s <= 0:
+            raise ValueError("engine_restarts must be >= 0 and engine_restart_window_s > 0")

@@ -1,12 +1,16 @@
 """OpenAI-shaped errors: one exception type and the handlers that turn every failure into {"error": {...}}."""
 from __future__ import annotations
 
+import logging
+import uuid
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+log = logging.getLogger("strata.server")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
 
@@ -50,5 +54,9 @@ def install(app: FastAPI) -> None:
         return APIError(exc.status_code, str(exc.detail), headers=exc.headers).response()
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception):
-        return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+    async def _unexpected(request: Request, exc: Exception):
+        """Details (and paths) go to the log under an id the client can quote; the client gets the id only."""
+        incident = uuid.uuid4().hex[:12]
+        log.error("unexpected error %s on %s %s", incident, request.method, request.url.path, exc_info=exc)
+        return APIError(500, f"internal error (incident {incident}; details are in the server log)",
+                        code="internal_error").response()

@@ -107,10 +107,13 @@ async def _events(shape: Shape, answer: Answer, include_usage: bool, metrics: Me
         yield _close(shape, answer, include_usage)
         status = 200
     except Exception as exc:     # headers are gone: report in-band, as OpenAI does
-        status = 500
-        log.exception("stream failed")
-        yield _data({"error": {"message": f"{type(exc).__name__}: {exc}", "type": "server_error", "param": None,
-                               "code": None}})
+        status = exc.status if isinstance(exc, APIError) else 500
+        if isinstance(exc, APIError):
+            message, code = exc.message, exc.code
+        else:
+            log.exception("stream failed")
+            message, code = "internal error; details are in the server log", "internal_error"
+        yield _data({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
     finally:
         metrics.observe(endpoint, answer, status)
 

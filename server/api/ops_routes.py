@@ -3,10 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter
-from fastapi.responses import FileResponse, Response
+from fastapi import APIRouter, Depends
+from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from strata.cache.request.request_cache import RequestCache
+from strata.server.api.auth import Auth
 from strata.server.api.errors import APIError
 from strata.server.api.metrics import Metrics
 from strata.server.engine.engine_client import EngineClient
@@ -14,22 +16,36 @@ from strata.server.engine.engine_client import EngineClient
 STATIC = Path(__file__).with_name("static")
 
 
-def ops_router(engine: EngineClient, metrics: Metrics, request_cache: bool) -> APIRouter:
+def ops_router(auth: Auth, engine: EngineClient, metrics: Metrics, cache: RequestCache | None) -> APIRouter:
+    """The status page's HTML and script are public (they hold no data); /status and /metrics carry traffic data
+    and take the admin token when API keys are on (Auth.check_ops)."""
     router = APIRouter()
+    ops = [Depends(auth.check_ops)]
 
     @router.get("/health")
     async def health():
-        if not engine.alive:
-            raise APIError(503, f"engine process stopped: {engine.error!r}", code="engine_dead")
-        return {"status": "ok", "pending": engine.num_pending}
+        """ok | degraded (serving, with a fault worth a look) | starting | failed; 503 while it cannot serve.
+        A short reason only: the details are in the server log."""
+        state, reason = engine.state, engine.reason
+        if state == "ok" and cache is not None:
+            cache_health = cache.health()
+            if cache_health["status"] != "ok":
+                state, reason = "degraded", f"request cache: {cache_health['reason']}"
+        body = {"status": state, "pending": engine.num_pending, "engine_restarts": engine.restarts}
+        if reason:
+            body["reason"] = reason
+        if state in ("ok", "degraded"):
+            return body
+        retry = engine.retry_after_s()
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(round(retry))} if retry else None)
 
-    @router.get("/metrics")
+    @router.get("/metrics", dependencies=ops)
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @router.get("/status")
+    @router.get("/status", dependencies=ops)
     async def status():
-        return metrics.status() | {"pending": engine.num_pending, "request_cache": request_cache}
+        return metrics.status() | {"pending": engine.num_pending, "request_cache": cache is not None}
 
     @router.get("/")
     async def status_page():

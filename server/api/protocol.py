@@ -24,7 +24,7 @@ class _Common(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1)    # what torch generators take
     n: StrictInt = Field(default=1, ge=1, le=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

@@ -17,7 +17,7 @@ from strata.server.api.app import create_app
 from strata.server.api.auth import Auth
 from strata.server.api.config import ServerConfig
 from strata.server.engine.config import EngineConfig
-from strata.server.engine.engine_client import EngineClient
+from strata.server.engine.engine_client import EngineClient, RestartPolicy
 
 log = logging.getLogger("strata.server")
 
@@ -37,20 +37,42 @@ def build_cache(config: RequestCacheConfig) -> RequestCache:
     return RequestCache(config, semantic=semantic)
 
 
+class EngineFailed(RuntimeError):
+    """The engine process died more often than the restart policy allows: the server stopped (exit status 1)."""
+
+
 def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
     """Load the model (in the engine process) and the caches (here, meanwhile), then serve until interrupted
-    (`strata serve`); EngineStartError when the engine cannot be built, OSError/ValueError for a bad keys file."""
+    (`strata serve`). EngineStartError when the engine cannot be built, OSError/ValueError for a bad keys file,
+    EngineFailed when the engine kept dying."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    auth = Auth(Auth.read_keys(config.api_keys) if config.api_keys else None, config.admin_token)
-    engine = EngineClient(engine_config)
+    auth = Auth(Auth.read_keys(config.api_keys) if config.api_keys else None, config.admin_token,
+                config.public_metrics)
+    failure: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def give_up(why: str) -> None:          # from the supervisor thread: stop serving, then exit non-zero
+        failure.append(why)
+        if server is not None:
+            server.should_exit = True
+
+    engine = EngineClient(engine_config, restart_policy(config), on_failed=give_up)
     engine.start()
     try:
         cache = build_cache(config.cache) if config.request_cache else None
         engine.wait_ready()
-        uvicorn.run(create_app(engine, cache, auth=auth, config=config), host=config.host, port=config.port,
-                    log_level="info", access_log=config.access_log)
+        server = uvicorn.Server(uvicorn.Config(create_app(engine, cache, auth=auth, config=config), host=config.host,
+                                               port=config.port, log_level="info", access_log=config.access_log))
+        if not failure:
+            server.run()
     finally:
         engine.stop()
+    if failure:
+        raise EngineFailed(f"the engine failed for good: {failure[0]}")
+
+
+def restart_policy(config: ServerConfig) -> RestartPolicy:
+    return RestartPolicy(max_restarts=config.engine_restarts, window_s=config.engine_restart_window_s)
 
 
 @contextmanager

@@ -11,8 +11,9 @@ from functools import lru_cache
 from strata.cache.request.request_cache import CacheRequest, Lookup, RequestCache
 from strata.server.api.config import ServerConfig
 from strata.server.api.errors import APIError
+from strata.server.api.prompts import PromptTokens, PromptTooLong
 from strata.server.api.protocol import ChatCompletionRequest, CompletionRequest, usage
-from strata.server.engine.engine_client import EngineClient
+from strata.server.engine.engine_client import EngineClient, EngineRequestFailed, EngineUnavailable
 from strata.server.engine.input_processor import RequestError
 from strata.server.engine.sampling_params import SamplingParams
 from strata.server.engine.sequence import Sequence
@@ -79,8 +80,7 @@ class Completer:
         self.cache = cache
         self.config = config
         self.model_key = self.info.model_key
-        # repeated questions are the cache-hit case: their templating and tokenizing must not dominate a hit
-        self.prompt_ids = lru_cache(maxsize=4096)(self._prompt_ids)
+        self.prompts = PromptTokens(engine.inputs)
         self.count_tokens = lru_cache(maxsize=4096)(self._count_tokens)
 
     async def answer(self, req: ChatCompletionRequest | CompletionRequest, tenant: str, cache_control: str,
@@ -90,12 +90,17 @@ class Completer:
         if req.model != self.info.model_id:
             raise APIError(404, f"The model '{req.model}' does not exist; this server serves "
                                 f"'{self.info.model_id}'", param="model", code="model_not_found")
+        prompt_param = "messages" if chat else "prompt"
         try:
             messages = req.plain_messages() if chat else [{"role": "user", "content": req.prompt_text()}]
-            ids = self.prompt_ids(chat, tuple((m["role"], m["content"]) for m in messages))
+            turns = tuple((m["role"], m["content"]) for m in messages)
+            ids = await self.prompts.tokens(chat, turns)
+        except PromptTooLong as exc:
+            raise APIError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
         except ValueError as exc:
-            raise APIError(400, str(exc), param="messages" if chat else "prompt") from None
-        params = self._params(req, len(ids), "messages" if chat else "prompt")
+            raise APIError(400, str(exc), param=prompt_param) from None
+        params = self._params(req, len(ids), prompt_param)
+        self.prompts.remember(chat, turns, ids)
         lookup = await self._lookup(req, tenant, messages, cache_control, client_id, chat)
         if lookup is not None and lookup.hit is not None:
             return self._replay(req, lookup, len(ids), started)
@@ -108,6 +113,10 @@ class Completer:
             if self.engine.num_pending >= self.config.max_queue:
                 raise APIError(503, f"server overloaded: {self.engine.num_pending} requests queued; retry shortly",
                                code="overloaded", headers={"Retry-After": "1"})
+            try:
+                self.engine.check_available()      # before any stream is promised: a 503 now, not an in-band error
+            except EngineUnavailable as exc:
+                raise unavailable(exc) from None
             seq = self.inputs.make_sequence(list(ids), params)
         except (APIError, RequestError) as exc:
             if lookup is not None:
@@ -115,11 +124,6 @@ class Completer:
             raise exc if isinstance(exc, APIError) else APIError(400, str(exc)) from None
         answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer)
         return answer
-
-    def _prompt_ids(self, chat: bool, turns: tuple[tuple[str, str], ...]) -> tuple[int, ...]:
-        if chat:
-            return tuple(self.inputs.apply_chat_template([{"role": r, "content": c} for r, c in turns]))
-        return tuple(self.inputs.encode(turns[0][1]))
 
     def _count_tokens(self, text: str) -> int:
         tokenizer = self.inputs.tokenizer
@@ -183,9 +187,23 @@ class Completer:
                         answer.finish_reason, text = out.finish_reason, out.text
                     if out.new_text:
                         yield out.new_text
+        except EngineUnavailable as exc:
+            if lookup is not None:
+                lookup.release()                # not this question's fault: followers try again themselves
+            raise unavailable(exc) from None
+        except EngineRequestFailed as exc:
+            if lookup is not None:
+                lookup.fail(exc)
+            raise APIError(500, f"the engine failed this request: {exc}", code="engine_error") from None
         except BaseException as exc:
             if lookup is not None:
                 lookup.fail(exc)
             raise
         if lookup is not None:
             lookup.complete(text, tags=tags)
+
+
+def unavailable(exc: EngineUnavailable) -> APIError:
+    """503 with Retry-After while the engine restarts; without it when it will not come back."""
+    headers = {"Retry-After": str(round(exc.retry_after_s))} if exc.retry_after_s is not None else None
+    return APIError(503, str(exc), code="engine_unavailable", headers=headers)

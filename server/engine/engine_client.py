@@ -1,22 +1,31 @@
 """EngineClient: the HTTP process's handle on the engine process (server/engine/engine_process.py); it streams
-outputs to asyncio callers.
+outputs to asyncio callers and restarts the engine process when it dies.
 
 Why a process: a decode step's Python code holds the GIL, and with the loop in a thread of the server every cache
-hit waited for it (several times its idle latency under decode: docs/benchmarks.md). The engine process builds its own LLMEngine
-from the EngineConfig (weights, KV pool and, on CUDA, its CUDA graphs) and owns scheduler and KV state. Only the
-config, sequences, outputs and stats cross, so the HTTP process holds no model memory and no CUDA context, and
-start-up pickles nothing big. The HTTP process loads the tokenizer while the engine loads; the engine then reports
-its ModelInfo, or the error that stopped it (raised here as EngineStartError). Tokenizer and ModelInfo make the
-InputProcessor with which the HTTP process validates and tokenizes every request itself: bad input fails before
+hit waited for it (several times its idle latency under decode: docs/benchmarks.md). The engine process builds its
+own LLMEngine from the EngineConfig (weights, KV pool and, on CUDA, its CUDA graphs) and owns scheduler and KV state.
+Only the config, sequences, outputs and stats cross, so the HTTP process holds no model memory and no CUDA context,
+and start-up pickles nothing big. The HTTP process loads the tokenizer while the engine loads; the engine then
+reports its ModelInfo, or the error that stopped it (raised here as EngineStartError). Tokenizer and ModelInfo make
+the InputProcessor with which the HTTP process validates and tokenizes every request itself: bad input fails before
 any output, with the engine's own errors. Every update from the engine carries a stats snapshot, and `stats()`
 returns the latest one (what /metrics, /status and /admin read).
+
+Supervision: when the engine process dies (a crash, the OOM killer, kill -9), every request in flight fails with
+EngineUnavailable (HTTP 503), new ones are refused the same way while a new engine process starts after a backoff,
+and after more deaths than RestartPolicy allows within its window the client gives up (state "failed") and calls
+`on_failed`, so that `strata serve` exits non-zero and systemd or Kubernetes restart it.
 """
 
 import asyncio
+import logging
 import multiprocessing as mp
 import threading
+import time
 import traceback
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,6 +37,7 @@ from strata.server.engine.llm_engine import RequestOutput
 from strata.server.engine.sequence import Sequence
 
 START_TIMEOUT_S = 600
+log = logging.getLogger("strata.engine")
 
 
 class EngineStartError(RuntimeError):
@@ -43,58 +53,61 @@ class EngineStartError(RuntimeError):
         return cls(traceback.format_exception_only(exc)[-1].strip(), "".join(traceback.format_exception(exc)))
 
 
-class EngineClient:
-    """One engine process per server. `start` spawns it, `wait_ready` returns the InputProcessor the server
-    validates with (its errors surface there), `stop` ends it."""
+class EngineUnavailable(RuntimeError):
+    """The engine process is down (restarting, or given up): the request was not, or not fully, served."""
 
-    def __init__(self, config: EngineConfig):
-        self.config = config
-        self.model_path: Path | None = None
-        self.inputs: InputProcessor | None = None
-        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self.error: BaseException | None = None
-        self.snapshot: dict[str, float] = {}
-        self.info: ModelInfo | None = None
+    def __init__(self, message: str, retry_after_s: float | None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s       # None: it will not come back (the server is shutting down)
+
+
+class EngineRequestFailed(RuntimeError):
+    """The engine failed this one request (finish_reason "error"); the others went on."""
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """How often a dead engine process is restarted before the server gives up."""
+
+    max_restarts: int = 3            # deaths tolerated within window_s; one more and the client fails
+    window_s: float = 300.0
+    backoff_s: float = 1.0           # first delay before a restart, doubled after each death in the window
+    max_backoff_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0 or self.window_s <= 0 or self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
+            raise ValueError("need max_restarts >= 0, window_s > 0 and 0 <= backoff_s <= max_backoff_s")
+
+
+class EngineProcess:
+    """One engine process and the thread that reads its updates; `dead` is set when it is gone."""
+
+    def __init__(self, config: EngineConfig, num_threads: int, on_update: Callable[[EngineUpdate], None]):
         ctx = mp.get_context("spawn")
         self.commands = ctx.Queue()          # its feeder thread sends, so a put never blocks the event loop
         self.updates, child_end = ctx.Pipe(duplex=False)
         self.process = ctx.Process(target=engine_main, name="strata-engine", daemon=True,
-                                   args=(config, self.commands, child_end, torch.get_num_threads()))
+                                   args=(config, self.commands, child_end, num_threads))
         self._child_end = child_end
-        self.ready = threading.Event()
+        self.on_update = on_update
+        self.info: ModelInfo | None = None
+        self.error: BaseException | None = None
+        self.ready = threading.Event()       # ModelInfo came, or the process is gone
+        self.dead = threading.Event()
         self.stopping = False
         self.reader = threading.Thread(target=self._read, name="strata-engine-reader", daemon=True)
 
     def start(self) -> None:
-        """Spawn the engine process, which builds the engine while the caller loads other things. The default model
-        is converted here first (on first use only), so that two processes never convert it at once."""
-        try:
-            self.model_path = self.config.resolve_model_path()
-        except OSError as exc:
-            raise EngineStartError.of(exc) from exc
         self.process.start()
         self._child_end.close()              # so the reader sees EOF when the engine process dies
         self.reader.start()
 
-    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> InputProcessor:
-        """Load the tokenizer here while the engine process builds the engine, then wait for its ModelInfo;
-        EngineStartError (engine process stopped) if either fails."""
-        try:
-            tokenizer = load_tokenizer(self.config, self.model_path)
-        except (OSError, ValueError) as exc:
-            self.stop()
-            raise EngineStartError.of(exc) from exc
-        if not self.ready.wait(timeout):
-            self.stop()
-            raise EngineStartError(f"no engine within {timeout:.0f} s")
-        if self.info is None:     # the reader gave up before any ModelInfo came: self.error says why
-            self.stop()
-            raise self.error
-        self.inputs = InputProcessor(self.info, tokenizer)
-        return self.inputs
+    def send(self, command: str, arg) -> None:
+        if not self.dead.is_set():
+            self.commands.put((command, arg))
 
     def stop(self) -> None:
-        """Stop the engine process (killed if it does not finish its step in time) and the reader; idempotent."""
+        """Stop the process (killed if it does not finish its step in time) and the reader; idempotent."""
         self.stopping = True
         if self.process.is_alive():
             self.commands.put(("stop", None))
@@ -104,70 +117,222 @@ class EngineClient:
                 self.process.join()
         self.commands.cancel_join_thread()   # commands the engine never read are moot now
         self.commands.close()
-        if self.reader.is_alive():
+        if self.reader.is_alive() and self.reader is not threading.current_thread():
             self.reader.join(timeout=30)
+
+    def _read(self) -> None:
+        try:
+            while True:
+                try:
+                    update: EngineUpdate = self.updates.recv()
+                except (EOFError, OSError):
+                    if not self.stopping:
+                        self.process.join(timeout=5)
+                        exited = f"engine process exited (exit code {self.process.exitcode})"
+                        self.error = RuntimeError(exited) if self.ready.is_set() else EngineStartError(exited)
+                    return
+                if update.crash is not None:
+                    last = update.crash.strip().splitlines()[-1]
+                    log.error("engine process failed:\n%s", update.crash)
+                    self.error = (RuntimeError(f"engine process failed: {last}") if self.ready.is_set()
+                                  else EngineStartError(last, update.crash))
+                    return
+                if update.info is not None:
+                    self.info = update.info
+                    self.ready.set()
+                self.on_update(update)
+        finally:
+            self.dead.set()
+            self.ready.set()
+
+
+class EngineClient:
+    """One engine process at a time per server. `start` spawns it, `wait_ready` returns the InputProcessor the
+    server validates with (start-up errors surface there) and starts supervising, `stop` ends it.
+
+    `state`: "starting" (first start, or a restart after a death), "ok", "failed" (gave up), "stopped".
+    """
+
+    def __init__(self, config: EngineConfig, restart: RestartPolicy | None = None,
+                 on_failed: Callable[[str], None] | None = None):
+        self.config = config
+        self.restart = restart or RestartPolicy()
+        self.on_failed = on_failed
+        self.num_threads = torch.get_num_threads()
+        self.model_path: Path | None = None
+        self.inputs: InputProcessor | None = None
+        self.info: ModelInfo | None = None
+        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self.snapshot: dict[str, float] = {}
+        self.state = "starting"
+        self.reason = "loading the model"        # why the state is what it is, in a few words (for /health)
+        self.restarts = 0
+        self.deaths: deque[float] = deque()
+        self.wake = threading.Event()            # stop() interrupts a backoff
+        self.current = EngineProcess(config, self.num_threads, self._on_update)
+        self.supervisor = threading.Thread(target=self._supervise, name="strata-engine-supervisor", daemon=True)
+
+    @property
+    def process(self) -> mp.Process:
+        """The current engine process."""
+        return self.current.process
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.current.error
 
     @property
     def alive(self) -> bool:
-        return self.error is None and self.process.is_alive()
+        return self.state == "ok"
 
     @property
     def num_pending(self) -> int:
         """Requests accepted and not yet finished (what an overload check compares to its limit)."""
         return len(self.streams)
 
+    def retry_after_s(self) -> float | None:
+        """When a refused client should try again: None once the engine will not come back."""
+        return None if self.state in ("failed", "stopped") else max(1.0, self._backoff())
+
+    def start(self) -> None:
+        """Spawn the engine process, which builds the engine while the caller loads other things. The default model
+        is converted here first (on first use only), so that two processes never convert it at once."""
+        try:
+            self.model_path = self.config.resolve_model_path()
+        except OSError as exc:
+            raise EngineStartError.of(exc) from exc
+        self.current.start()
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> InputProcessor:
+        """Load the tokenizer here while the engine process builds the engine, then wait for its ModelInfo;
+        EngineStartError (engine process stopped) if either fails."""
+        try:
+            tokenizer = load_tokenizer(self.config, self.model_path)
+        except (OSError, ValueError) as exc:
+            self.stop()
+            raise EngineStartError.of(exc) from exc
+        if not self.current.ready.wait(timeout):
+            self.stop()
+            raise EngineStartError(f"no engine within {timeout:.0f} s")
+        if self.current.info is None:     # the reader gave up before any ModelInfo came: its error says why
+            error = self.current.error
+            self.stop()
+            raise error
+        self.info = self.current.info
+        self.inputs = InputProcessor(self.info, tokenizer)
+        self.state, self.reason = "ok", ""
+        self.supervisor.start()
+        return self.inputs
+
+    def stop(self) -> None:
+        """Stop the engine process and supervision; idempotent."""
+        self.state, self.reason = "stopped", "server shutting down"
+        self.wake.set()
+        self.current.stop()
+        self._fail_streams(EngineUnavailable("the server is shutting down", None))
+        if self.supervisor.is_alive() and self.supervisor is not threading.current_thread():
+            self.supervisor.join(timeout=60)
+
     def stats(self) -> dict[str, float]:
         """The engine's counters (KV blocks, prefix cache, preemptions, swap) as of its latest update."""
         return self.snapshot
 
+    def check_available(self) -> None:
+        """EngineUnavailable unless the engine takes requests now (callers check before promising a stream)."""
+        if self.state != "ok":
+            raise EngineUnavailable(f"the engine is {self.state}: {self.reason}", self.retry_after_s())
+
     async def submit(self, seq: Sequence) -> AsyncIterator[RequestOutput]:
-        """Stream outputs of a validated sequence; leaving early (client gone) aborts it, which frees its blocks."""
-        if self.error is not None:
-            raise RuntimeError("engine process has stopped") from self.error
+        """Stream outputs of a validated sequence; leaving early (client gone) aborts it, which frees its blocks.
+        EngineRequestFailed when the engine failed this request, EngineUnavailable when the engine went down."""
+        self.check_available()
+        engine = self.current
         outputs: asyncio.Queue = asyncio.Queue()
         self.streams[seq.request_id] = (asyncio.get_running_loop(), outputs)
-        self.commands.put(("add", seq))
+        engine.send("add", seq)
         finished = False
         try:
             while True:
                 out = await outputs.get()
                 if isinstance(out, BaseException):
                     raise out
+                if out.finish_reason == "error":
+                    finished = True
+                    raise EngineRequestFailed(out.error or "the engine failed this request")
                 yield out
                 if out.finished:
                     finished = True
                     return
         finally:
             self.streams.pop(seq.request_id, None)
-            if not finished and self.error is None:
-                self.commands.put(("abort", seq.request_id))
+            if not finished and engine is self.current:
+                engine.send("abort", seq.request_id)
 
-    def _read(self) -> None:
-        """Reader thread: hand each update's outputs to their streams; a dead engine fails every stream, loudly."""
-        while self.error is None:
-            try:
-                update: EngineUpdate = self.updates.recv()
-            except (EOFError, OSError):
-                if self.stopping:
-                    break
-                self.process.join(timeout=5)
-                exited = f"engine process exited (exit code {self.process.exitcode})"
-                self.error = RuntimeError(exited) if self.ready.is_set() else EngineStartError(exited)
-                break
-            self.snapshot = update.stats
-            if update.crash is not None:
-                if self.ready.is_set():
-                    self.error = RuntimeError(f"engine step failed in the engine process:\n{update.crash}")
-                else:
-                    self.error = EngineStartError(update.crash.strip().splitlines()[-1], update.crash)
-                break
-            if update.info is not None:
-                self.info = update.info
-                self.ready.set()
-            self._deliver([(out.request_id, out) for out in update.outputs] +
-                          [(request_id, RequestError(why)) for request_id, why in update.refused.items()])
-        self._deliver([(request_id, self.error) for request_id in list(self.streams)])
-        self.ready.set()
+    # ---- the engine process's side ---------------------------------------------------------------------
+
+    def _on_update(self, update: EngineUpdate) -> None:
+        """Reader thread: hand each update's outputs to their streams."""
+        self.snapshot = update.stats
+        self._deliver([(out.request_id, out) for out in update.outputs] +
+                      [(request_id, RequestError(why)) for request_id, why in update.refused.items()])
+
+    def _supervise(self) -> None:
+        """Wait for the engine process to die; then fail what was in flight and restart it, within the policy."""
+        while True:
+            self.current.dead.wait()
+            if self.state == "stopped":
+                return
+            why = str(self.current.error or "engine process stopped")
+            log.error("%s; %d request(s) in flight fail with 503", why, len(self.streams))
+            now = time.monotonic()
+            self.deaths.append(now)
+            while self.deaths and now - self.deaths[0] > self.restart.window_s:
+                self.deaths.popleft()
+            if len(self.deaths) > self.restart.max_restarts:
+                self._give_up(f"{why}; {len(self.deaths)} engine deaths within {self.restart.window_s:.0f} s")
+                return
+            self.state, self.reason = "starting", f"restarting after: {why}"
+            self._fail_streams(EngineUnavailable(f"the engine process died ({why}); it is restarting",
+                                                 self.retry_after_s()))
+            if self.wake.wait(self._backoff()) or self.state == "stopped":
+                return
+            self._restart()
+
+    def _backoff(self) -> float:
+        deaths = max(len(self.deaths), 1)
+        return min(self.restart.backoff_s * 2 ** (deaths - 1), self.restart.max_backoff_s)
+
+    def _restart(self) -> None:
+        """A new engine process; it must report the same model (fingerprint) the server validates against."""
+        self.current.stop()
+        engine = EngineProcess(self.config, self.num_threads, self._on_update)
+        self.current = engine
+        engine.start()
+        engine.ready.wait(START_TIMEOUT_S)
+        if self.state == "stopped":
+            engine.stop()
+            return
+        if engine.info is None:             # died while starting: the loop counts it as one more death
+            engine.error = engine.error or RuntimeError("the restarted engine process did not come up")
+            return
+        if not engine.info.serves_like(self.info):
+            engine.error = RuntimeError("the restarted engine reports another model than the server validates for")
+            engine.stop()
+            return
+        self.inputs.info = self.info = engine.info      # the KV capacity may differ with the memory free now
+        self.restarts += 1
+        self.state, self.reason = "ok", ""
+        log.info("engine process restarted (%d restart(s) so far)", self.restarts)
+
+    def _give_up(self, why: str) -> None:
+        self.state, self.reason = "failed", why
+        log.critical("giving up on the engine: %s", why)
+        self._fail_streams(EngineUnavailable(f"the engine failed for good ({why})", None))
+        if self.on_failed is not None:
+            self.on_failed(why)
+
+    def _fail_streams(self, error: BaseException) -> None:
+        self._deliver([(request_id, error) for request_id in list(self.streams)])
 
     def _deliver(self, items: list[tuple[str, object]]) -> None:
         """One wake-up per event loop for a whole step's outputs: each wake-up costs the HTTP loop a turn."""

@@ -34,6 +34,11 @@ class ModelInfo:
     kv_capacity_tokens: int       # tokens the KV pool holds: a longer prompt could never be scheduled
     fingerprint: str              # weights, dtype and KV dtype (llm_engine.model_fingerprint)
 
+    def serves_like(self, other: "ModelInfo") -> bool:
+        """Same model, vocabulary, context and fingerprint: requests validated for one are valid for the other."""
+        return (self.model_id, self.vocab_size, self.max_model_len, self.fingerprint) == \
+            (other.model_id, other.vocab_size, other.max_model_len, other.fingerprint)
+
     @property
     def model_key(self) -> str:
         """Model id + version: the request cache's partition, so other weights or formats never share answers."""

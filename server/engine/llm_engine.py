@@ -1,5 +1,6 @@
 """LLMEngine: add requests, step the scheduler + runner, stream outputs; the HTTP server drives it."""
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,12 @@ from strata.server.engine.cuda_graph_runner import DecodeGraphs, captures_decode
 from strata.server.engine.detokenizer import Detokenizer
 from strata.server.engine.input_processor import InputProcessor, ModelInfo, RequestError, load_tokenizer
 from strata.server.engine.model_runner import ModelRunner
+from strata.server.engine.sampler import RowError
 from strata.server.engine.sampling_params import SamplingParams
 from strata.server.engine.scheduler import ScheduledBatch, Scheduler
 from strata.server.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -37,6 +41,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int
     ttft_s: float | None = None
+    error: str | None = None      # finish_reason "error": why this request failed (the others went on)
 
 
 def model_fingerprint(config: EngineConfig, model_path: Path | None, dtype: torch.dtype, kv_dtype: str) -> str:
@@ -161,13 +166,41 @@ class LLMEngine:
             outputs.append(self._finish(seq))
         if batch.empty:
             return outputs
-        sampled, tokens = self.runner.run(batch)
-        for seq in [seq for seq, _ in batch.prefills] + batch.decodes:
-            self.block_manager.register_computed(seq, seq.num_computed_tokens)
+        stepped = [seq for seq, _ in batch.prefills] + batch.decodes
+        try:
+            sampled, tokens = self.runner.run(batch)
+        except Exception:           # one request's fault must not fail the others: find it by running each alone
+            log.exception("engine step of %d requests failed; running them one by one", len(stepped))
+            sampled, tokens = self._run_one_by_one(batch)
+        for seq in stepped:
+            if not seq.finished:
+                self.block_manager.register_computed(seq, seq.num_computed_tokens)
         now = time.perf_counter()
         for seq, token in zip(sampled, tokens, strict=True):
-            outputs.append(self._append_token(seq, token, now))
+            outputs.append(self._fail(seq, token) if isinstance(token, RowError) else self._append_token(seq, token, now))
         return outputs
+
+    def _run_one_by_one(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int | RowError]]:
+        """Each sequence of a failed step alone (a model call that raised advanced nothing, and rewriting the same KV
+        slots is harmless); the ones that fail alone get a RowError. Block copies already ran with the batch."""
+        sampled, tokens = [], []
+        alone = [ScheduledBatch(prefills=[part]) for part in batch.prefills] + \
+                [ScheduledBatch(decodes=[seq]) for seq in batch.decodes]
+        for sub in alone:
+            try:
+                got, toks = self.runner.run(sub)
+            except Exception as exc:
+                seq = (sub.prefills[0][0] if sub.prefills else sub.decodes[0])
+                log.error("request %s failed in the engine: %s: %s", seq.request_id, type(exc).__name__, exc)
+                got, toks = [seq], [RowError(f"the engine failed on this request ({type(exc).__name__})")]
+            sampled += got
+            tokens += toks
+        return sampled, tokens
+
+    def _fail(self, seq: Sequence, why: str) -> RequestOutput:
+        """End one request with finish_reason "error" and free what it holds."""
+        seq.finish_reason, seq.error = "error", str(why)
+        return self._finish(seq)
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
         seq.token_ids.append(token)
@@ -218,6 +251,7 @@ class LLMEngine:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
             ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
+            error=seq.error,
         )
 
     @torch.inference_mode()

@@ -1,33 +1,46 @@
-"""Turn last-position logits into next tokens: greedy, temperature, top-k, top-p, per-request seed."""
+"""Turn last-position logits into next tokens: greedy, temperature, top-k, top-p, per-request seed.
+
+Numerically safe by construction: temperatures are floored (dividing fp32 logits by 1e-45 overflows them to inf and
+the softmax to NaN), the filters always keep the most likely token, and probabilities come from a log-softmax. A row
+the model itself made non-finite (NaN or +inf) fails alone, as RowError, and the rest of the batch is sampled.
+"""
 
 import torch
 
+from strata.server.engine.sampling_params import MIN_TEMPERATURE
 from strata.server.engine.sequence import Sequence
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """One token per row of logits [S, vocab]; greedy rows never touch a random generator."""
+class RowError(str):
+    """Why one row could not be sampled (the engine fails that request only)."""
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int | RowError]:
+    """One token per row of logits [S, vocab] (or a RowError); greedy rows never touch a random generator."""
     logits = logits.float()
-    tokens = logits.argmax(dim=-1).tolist()
-    sampled = [i for i, s in enumerate(seqs) if not s.params.greedy]
+    broken = torch.isnan(logits).any(dim=-1) | torch.isposinf(logits).any(dim=-1)
+    tokens: list[int | RowError] = logits.argmax(dim=-1).tolist()
+    for i in broken.nonzero().flatten().tolist():
+        tokens[i] = RowError("the model produced non-finite logits for this request")
+    sampled = [i for i, s in enumerate(seqs) if not s.params.greedy and not broken[i]]
     if not sampled:
         return tokens
     rows = logits[sampled]
-    temps = torch.tensor([seqs[i].params.temperature for i in sampled], device=rows.device)
-    rows = rows / temps.unsqueeze(1)
+    temps = torch.tensor([max(seqs[i].params.temperature, MIN_TEMPERATURE) for i in sampled], device=rows.device)
+    rows = torch.log_softmax(rows / temps.unsqueeze(1), dim=-1)
     top_ks = [seqs[i].params.top_k for i in sampled]
     if any(top_ks):
-        k = torch.tensor([kk or rows.shape[1] for kk in top_ks], device=rows.device)
+        k = torch.tensor([kk or rows.shape[1] for kk in top_ks], device=rows.device).clamp(max=rows.shape[1])
         kth = rows.sort(dim=-1, descending=True).values.gather(1, (k - 1).unsqueeze(1))
-        rows = rows.masked_fill(rows < kth, float("-inf"))
-    top_ps = torch.tensor([seqs[i].params.top_p for i in sampled], device=rows.device)
+        rows = torch.log_softmax(rows.masked_fill(rows < kth, float("-inf")), dim=-1)   # top-p sees the top k
+    top_ps = torch.tensor([seqs[i].params.top_p for i in sampled], dtype=torch.float64, device=rows.device)
     if (top_ps < 1.0).any():
-        sorted_logits, order = rows.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        drop = cumulative - sorted_logits.softmax(dim=-1) >= top_ps.unsqueeze(1)  # keep the token that crosses p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        rows = torch.full_like(rows, float("-inf")).scatter(1, order, sorted_logits)
-    probs = rows.softmax(dim=-1).cpu()
+        sorted_logp, order = rows.sort(dim=-1, descending=True)
+        probs = sorted_logp.double().exp()
+        drop = (probs.cumsum(dim=-1) - probs) >= top_ps.unsqueeze(1)   # keep the token that crosses p
+        drop[:, 0] = False                                             # ... and always the most likely one
+        rows = torch.full_like(rows, float("-inf")).scatter(1, order, sorted_logp.masked_fill(drop, float("-inf")))
+    probs = torch.softmax(rows, dim=-1).cpu()    # the top token has probability > 0: no row is all zero
     for row, i in enumerate(sampled):
         tokens[i] = int(torch.multinomial(probs[row], 1, generator=seqs[i].generator))
     return tokens

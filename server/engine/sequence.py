@@ -33,6 +33,7 @@ class Sequence:
     num_hashed_blocks: int = 0
     swap_slots: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    error: str | None = None      # why it failed (finish_reason "error")
     output_text: str = ""
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None

@@ -24,7 +24,7 @@ from strata.server.api.auth import Auth
 from strata.server.api.config import ServerConfig
 from strata.server.api.server import serve_in_thread
 from strata.server.engine.config import EngineConfig
-from strata.server.engine.engine_client import EngineClient
+from strata.server.engine.engine_client import EngineClient, RestartPolicy
 from strata.server.engine.input_processor import InputProcessor
 
 KEYS = {"key-acme": "acme", "key-globex": "globex"}
@@ -73,22 +73,26 @@ def hash_semantic() -> SemanticCache:
     return SemanticCache(HashEmbedder(), Thresholds(0.95, 0.85))
 
 
+FAST_RESTART = RestartPolicy(max_restarts=3, window_s=300, backoff_s=0.2, max_backoff_s=1.0)
+
+
 @contextmanager
-def start_server(semantic: SemanticCache, config: ServerConfig | None = None, num_threads: int = 1) -> Iterator[Server]:
+def start_server(semantic: SemanticCache, config: ServerConfig | None = None, num_threads: int = 1,
+                 restart: RestartPolicy = FAST_RESTART) -> Iterator[Server]:
     """One torch thread (for the engine process) by default, restored after: on 2 shared cores, 2 spinning OpenMP
     threads made an 8-token answer ~5x slower than 1 thread, and the HTTP event loop needs a core too."""
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        with _serve(semantic, config) as server:
+        with _serve(semantic, config, restart) as server:
             yield server
     finally:
         torch.set_num_threads(threads)
 
 
 @contextmanager
-def _serve(semantic: SemanticCache, config: ServerConfig | None) -> Iterator[Server]:
-    engine = EngineClient(ENGINE)
+def _serve(semantic: SemanticCache, config: ServerConfig | None, restart: RestartPolicy) -> Iterator[Server]:
+    engine = EngineClient(ENGINE, restart)
     engine.start()
     try:
         inputs = engine.wait_ready()

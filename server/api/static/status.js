@@ -1,7 +1,7 @@
 // Polls /status once a second and fills the page; no build step, no dependencies.
 "use strict";
 const $ = (id) => document.getElementById(id);
-const LAYERS = ["exact", "semantic", "semantic-similar", "miss", "bypass"];
+const LAYERS = ["exact", "shared", "semantic", "semantic-similar", "miss", "bypass"];
 
 function row(cells) {
   const tr = document.createElement("tr");
@@ -41,10 +41,17 @@ function render(s) {
   $("updated").textContent = new Date().toLocaleTimeString();
 }
 
+// With API keys on, /status takes the admin token: open the page as /#token=<admin-token>. The fragment never
+// leaves the browser, so the token is not written to any access log.
+const TOKEN = new URLSearchParams(location.hash.slice(1)).get("token");
+const HEADERS = TOKEN ? { Authorization: "Bearer " + TOKEN } : {};
+
 async function poll() {
   try {
-    const res = await fetch("/status", { cache: "no-store" });
+    const res = await fetch("/status", { cache: "no-store", headers: HEADERS });
     if (res.ok) render(await res.json());
+    else $("updated").textContent = res.status === 401 || res.status === 403
+      ? "status needs the admin token: open this page as /#token=<admin-token>" : "error: HTTP " + res.status;
   } catch (e) {
     $("updated").textContent = "error: " + e;
   }

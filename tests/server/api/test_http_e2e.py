@@ -9,7 +9,7 @@ import tempfile
 
 import matplotlib.pyplot as plt
 import pytest
-from helpers.http_server import MODEL, admin, ask, client, default_semantic, start_server
+from helpers.http_server import ADMIN, MODEL, admin, ask, client, default_semantic, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from strata.server.api.serving import SIMILAR_NOTE
@@ -142,7 +142,11 @@ def test_admin_stats_models_health(server):
 
 def test_metrics_parse_and_carry_families(server):
     ask(server, FRANCE)
-    with server.http(None) as http:
+    with server.http(None) as http:         # API keys are on: metrics and status data need the admin token
+        assert http.get("/metrics").status_code == 401 and http.get("/status").status_code == 401
+    with server.http("key-acme") as http:
+        assert http.get("/metrics").status_code == 403
+    with server.http(ADMIN) as http:
         text = http.get("/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     for name in ("strata_requests", "strata_request_latency_seconds", "strata_time_to_first_token_seconds",
@@ -177,7 +181,7 @@ def chromium(url: str, *args: str) -> subprocess.CompletedProcess:
                                              "(apt-get install -y chromium)")
 def test_status_page_in_headless_chromium(server, tmp_path):
     ask(server, FRANCE)                  # at least one exact hit to show
-    dom = chromium(server.url + "/", "--dump-dom")
+    dom = chromium(server.url + f"/#token={ADMIN}", "--dump-dom")
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
 
@@ -190,7 +194,7 @@ def test_status_page_in_headless_chromium(server, tmp_path):
     assert exact and int(exact.group(1)) >= 1
     assert re.search(r"<td>chat</td><td>exact</td>", html)   # recent requests with their layer
     shot = tmp_path / "status.png"
-    res = chromium(server.url + "/", f"--screenshot={shot}")
+    res = chromium(server.url + f"/#token={ADMIN}", f"--screenshot={shot}")
     assert res.returncode == 0 and shot.stat().st_size > 10_000, res.stderr[-2000:]
     pixels = plt.imread(shot)
     assert pixels.shape[:2] == (900, 1200) and pixels.std() > 0.05    # not a blank page

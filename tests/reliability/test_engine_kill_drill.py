@@ -1,0 +1,122 @@
+"""Engine kill drill: the engine process is killed (as by the OOM killer) while requests are in flight. They get a
+clear 503, new ones get 503 + Retry-After while a new engine process starts, streams arriving meanwhile get their 503
+before any body, /health walks starting -> ok, and after the restart budget the server gives up (exit status 1)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from helpers.http_server import MODEL, hash_semantic, start_server
+
+from strata.server.engine.engine_client import RestartPolicy
+
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}],
+        "max_tokens": 400, "temperature": 0}
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def test_kill_in_flight_then_recover_within_30_s():
+    slow_restart = RestartPolicy(max_restarts=3, window_s=300, backoff_s=2.0, max_backoff_s=2.0)
+    with start_server(hash_semantic(), restart=slow_restart) as server:
+        engine = server.app.state.completer.engine
+        first_pid = engine.process.pid
+        in_flight = {}
+
+        def long_request():
+            with server.http() as http:
+                in_flight["res"] = http.post("/v1/chat/completions", json=LONG)
+
+        worker = threading.Thread(target=long_request)
+        worker.start()
+        wait_for(lambda: engine.num_pending == 1 and server.stats().get("num_running"), 60, "request running")
+        killed_at = time.monotonic()
+        os.kill(first_pid, signal.SIGKILL)
+        worker.join(timeout=30)
+        res = in_flight["res"]
+        assert res.status_code == 503 and res.json()["error"]["code"] == "engine_unavailable"
+        assert "died" in res.json()["error"]["message"]
+
+        wait_for(lambda: engine.state == "starting", 10, "state starting")
+        with server.http() as http:
+            refused = http.post("/v1/chat/completions", json=dict(LONG, max_tokens=4))
+            assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+            with http.stream("POST", "/v1/chat/completions", json=dict(LONG, stream=True)) as stream:
+                assert stream.status_code == 503        # up front: not 200 and an in-band error later
+        with server.http(None) as http:
+            health = http.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "starting"
+            assert "exit code -9" in health.json()["reason"] and "Traceback" not in health.text
+
+        wait_for(lambda: engine.state == "ok", 30 - (time.monotonic() - killed_at), "engine back within 30 s")
+        assert engine.process.pid != first_pid and engine.restarts == 1
+        with server.http() as http:
+            again = http.post("/v1/chat/completions", json=dict(LONG, max_tokens=4))
+        assert again.status_code == 200 and again.json()["choices"][0]["finish_reason"] == "length"
+        with server.http(None) as http:
+            body = http.get("/health").json()
+        assert body["status"] == "ok" and body["engine_restarts"] == 1
+        assert server.idle_blocks(0) == 0
+
+
+def test_past_the_restart_budget_the_client_fails_for_good():
+    with start_server(hash_semantic(), restart=RestartPolicy(max_restarts=1, window_s=300, backoff_s=0.1,
+                                                             max_backoff_s=0.1)) as server:
+        engine = server.app.state.completer.engine
+        os.kill(engine.process.pid, signal.SIGKILL)
+        wait_for(lambda: engine.state == "ok" and engine.restarts == 1, 60, "first restart")
+        os.kill(engine.process.pid, signal.SIGKILL)
+        wait_for(lambda: engine.state == "failed", 10, "gave up")
+        with server.http(None) as http:
+            health = http.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "failed"
+        assert "retry-after" not in health.headers
+        with server.http() as http:
+            res = http.post("/v1/chat/completions", json=dict(LONG, max_tokens=4))
+        assert res.status_code == 503 and "retry-after" not in res.headers
+
+
+def test_strata_serve_exits_non_zero_when_the_engine_keeps_dying(default_model_dir):
+    """With --engine-restarts 0 the first engine death stops the server with exit status 1 (for systemd/k8s)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "strata.server.cli", "serve", "--port", str(port),
+                               "--no-request-cache", "--dtype", "fp32", "--kv-cache-memory", "64MiB",
+                               "--num-threads", "1", "--engine-restarts", "0"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def healthy():
+            assert server.poll() is None, "strata serve exited before it served"
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(healthy, 300, "strata serve up")
+        engine_pid = int(open(f"/proc/{server.pid}/task/{server.pid}/children").read().split()[-1])
+        os.kill(engine_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        code = server.wait(timeout=30)
+        assert code == 1 and time.monotonic() - killed < 30
+        assert "the engine failed for good" in server.stderr.read().strip().splitlines()[-1]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
