@@ -35,3 +35,25 @@ def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
         model.save_pretrained(path, safe_serialization=True)
         dirs[name] = path
     return dirs
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model_dir(tmp_path_factory, default_model_dir) -> Path:
+    """A tiny random Llama with the default model's vocabulary, tokenizer and chat template: the whole HTTP path
+    (templating, tokenizing, validation, engine, detokenizing) at a few milliseconds per step, for fuzz and load."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    from strata.models.named_shapes import hf_config_for
+
+    config = hf_config_for("tiny-llama")
+    config.vocab_size, config.bos_token_id, config.eos_token_id = 49152, 1, 2
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    path = tmp_path_factory.mktemp("tiny-chat")
+    model.save_pretrained(path, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (default_model_dir / name).exists():
+            shutil.copy(default_model_dir / name, path / name)
+    return path

@@ -15,7 +15,7 @@ from strata.server.api.auth import Auth
 from strata.server.api.body import parse_body
 from strata.server.api.errors import APIError
 from strata.server.api.metrics import Metrics
-from strata.server.api.protocol import ChatCompletionRequest, CompletionRequest, Shape
+from strata.server.api.protocol import ChatCompletionRequest, CompletionRequest, Shape, openapi_body
 from strata.server.api.serving import Answer, Completer
 
 log = logging.getLogger("strata.server")
@@ -63,11 +63,11 @@ def openai_router(auth: Auth, completer: Completer, metrics: Metrics, max_body_b
         return JSONResponse(shape.response(text, answer.finish_reason, answer.usage(), answer.strata()),
                             headers=answer.headers())
 
-    @router.post("/chat/completions")
+    @router.post("/chat/completions", openapi_extra=openapi_body(ChatCompletionRequest))
     async def chat_completions(request: Request):
         return await complete(request, ChatCompletionRequest)
 
-    @router.post("/completions")
+    @router.post("/completions", openapi_extra=openapi_body(CompletionRequest))
     async def completions(request: Request):
         return await complete(request, CompletionRequest)
 

@@ -117,3 +117,23 @@ class Shape:
 
     def usage_chunk(self, usage_: dict) -> dict:
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", []) | {"usage": usage_}
+
+
+def openapi_body(model: type[BaseModel]) -> dict:
+    """An operation's requestBody for the OpenAPI document, with the model's $defs inlined: the routes read their
+    bodies themselves (size cap, clear errors), so FastAPI would otherwise publish no body schema at all, and
+    schema-driven clients and fuzzers (schemathesis) need one."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(node):
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if ref is not None:
+                return inline(defs[ref.rsplit("/", 1)[-1]])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}

@@ -41,6 +41,10 @@ class Server:
     cache: RequestCache
     idle: int = 0            # KV blocks in use with no request running
 
+    @property
+    def model(self) -> str:
+        return self.inputs.info.model_id
+
     def stats(self) -> dict[str, float]:
         """The engine's counters as the engine process last reported them (what /metrics reads)."""
         return self.app.state.completer.engine.stats()
@@ -78,21 +82,22 @@ FAST_RESTART = RestartPolicy(max_restarts=3, window_s=300, backoff_s=0.2, max_ba
 
 @contextmanager
 def start_server(semantic: SemanticCache, config: ServerConfig | None = None, num_threads: int = 1,
-                 restart: RestartPolicy = FAST_RESTART) -> Iterator[Server]:
+                 restart: RestartPolicy = FAST_RESTART, engine: EngineConfig = ENGINE) -> Iterator[Server]:
     """One torch thread (for the engine process) by default, restored after: on 2 shared cores, 2 spinning OpenMP
     threads made an 8-token answer ~5x slower than 1 thread, and the HTTP event loop needs a core too."""
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        with _serve(semantic, config, restart) as server:
+        with _serve(semantic, config, restart, engine) as server:
             yield server
     finally:
         torch.set_num_threads(threads)
 
 
 @contextmanager
-def _serve(semantic: SemanticCache, config: ServerConfig | None, restart: RestartPolicy) -> Iterator[Server]:
-    engine = EngineClient(ENGINE, restart)
+def _serve(semantic: SemanticCache, config: ServerConfig | None, restart: RestartPolicy,
+           engine_config: EngineConfig) -> Iterator[Server]:
+    engine = EngineClient(engine_config, restart)
     engine.start()
     try:
         inputs = engine.wait_ready()
