@@ -83,8 +83,6 @@ async def one(http: aiohttp.ClientSession, question: str, max_tokens: int) -> di
                 reason = json.loads(raw[6:]).get("strata", {}).get("reason", "")
             elif ttft is None and b'"content":"' in raw and b'"content":""' not in raw:
                 ttft = time.perf_counter() - start
-    if reason == "single-flight":       # waited for an identical request in flight: not a stored answer
-        layer += " (single-flight)"
     return {"layer": layer, "latency": time.perf_counter() - start, "ttft": ttft}
 
 
@@ -107,13 +105,13 @@ async def drive(url: str, plan: list[tuple[str, str]], clients: int, max_tokens:
 
 @contextmanager
 def strata_serve(args: argparse.Namespace) -> Iterator[tuple[str, psutil.Process]]:
-    """`strata serve` on a free loopback port with an in-memory request cache; yields the base URL and the server
-    process once healthy."""
+    """`strata serve` on a free loopback port (request cache in args.cache_db: "none" = memory); yields the base URL
+    and the server process once healthy."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     cmd = [sys.executable, "-m", "strata.server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--cache-db", "", "--embedder", args.embedder, "--kv-cache-memory", "256MiB"]
+           "--cache-db", args.cache_db, "--cache-embedder", args.embedder, "--kv-cache-memory", "256MiB"]
     if args.num_threads:
         cmd += ["--num-threads", str(args.num_threads)]
     cmd += shlex.split(args.serve_args)
@@ -181,7 +179,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--embedder", default="auto", help="semantic-cache embedder of `strata serve --embedder`")
+    ap.add_argument("--embedder", default="auto", help="semantic-cache embedder (`strata serve --cache-embedder`)")
+    ap.add_argument("--cache-db", default="none", help="request-cache file (`strata serve --cache-db`); none = memory")
     ap.add_argument("--num-threads", type=int, default=None, help="torch threads of the engine (EngineConfig)")
     ap.add_argument("--serve-args", default="", help="more `strata serve` flags, e.g. '--no-access-log'")
     ap.add_argument("--workload-seed", type=int, default=0)
