@@ -627,6 +627,15 @@ def test_followers_of_a_semantic_hit_are_shared_and_say_its_layer():
     semantic = FakeSemantic()
     cache = make(semantic=semantic)
     run(answer(cache, chat("Explain how binary search works on arrays"), "Halve the range each step."))
+    search = semantic.lookup
+
+    def lookup_once_both_follow(*args):     # the leader's search (a worker thread) waits for its two twins to join
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(f.followers == 2 for f in list(cache.flights.flights.values())):
+            time.sleep(0.005)
+        return search(*args)
+
+    semantic.lookup = lookup_once_both_follow
 
     async def go():
         return await asyncio.gather(*[cache.lookup(chat("Explain how binary search works on sorted arrays"))
