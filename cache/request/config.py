@@ -23,7 +23,6 @@ class RequestCacheConfig:
     # write-back, single-flight, penetration guard
     write_queue_size: int = 1024  # background write queue; a full queue drops the write
     follow_timeout_s: float = 120.0  # a follower waits this long for its leader, then computes itself
-    follow_similarity: float = 0.98  # a semantic miss this close to a pending request waits for it
     negative_ttl_s: float = 2.0  # a failed computation is remembered this long (same request gets the error)
     miss_window_s: float = 10.0  # penetration guard: window for near-identical misses from one client
     miss_limit: int = 3  # misses of one cluster per client and window before the guard marks it

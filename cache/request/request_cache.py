@@ -152,7 +152,7 @@ class RequestCache:
                 return Lookup("negative", "recent-failure", error=error, key=key, decision=decision)
             flight, leader = self.flights.join(key)
             if not leader:
-                outcome = await self._follow(flight, key, decision, similarity=None)
+                outcome = await self._follow(flight, req, key, decision, None)
                 if outcome is not None:
                     return outcome
                 continue
@@ -200,29 +200,46 @@ class RequestCache:
             if text is None:
                 self._stats.count("semantic.rejected")
             else:
-                layer = "semantic" if match.tier == "serve" else "semantic-similar"
                 now = self._touch(entry)
-                age = max(0.0, now - entry.created_at)
-                self._stats.observe_hit(layer, match.similarity, age)
-                if layer == "semantic-similar" or match.similarity < self.config.review_below:
-                    self._stats.near_threshold.append({
-                        "time": now, "tenant": req.tenant, "query": key.text, "cached": entry.text,
-                        "similarity": match.similarity, "tier": match.tier, "entry_id": entry.entry_id})
-                flight.layer, flight.similarity = layer, match.similarity
+                found = self._semantic_lookup(req, key, decision, match, text, entry.entry_id,
+                                              max(0.0, now - entry.created_at), decision.reason)
+                flight.layer, flight.similarity = found.layer, match.similarity
                 self.flights.finish(flight, text)
-                return Lookup(layer, decision.reason, CacheHit(layer, text, match.similarity, entry.entry_id, age),
-                              key=key, decision=decision)
+                return found
         self._stats.count("semantic.miss")
-        neighbour = self.flights.neighbour(flight, self.config.follow_similarity)
-        if neighbour is None:
-            return None
-        found = await self._follow(neighbour[0], key, decision, similarity=neighbour[1])
-        flight.following = False
-        if found is not None and found.hit is not None:
+        found = await self._follow_neighbour(req, key, decision, flight)
+        if found is not None:
             flight.layer, flight.similarity = found.hit.layer, found.hit.similarity
             self.flights.finish(flight, found.hit.text)
-            return found
-        return None
+        return found
+
+    async def _follow_neighbour(self, req: CacheRequest, key: RequestKey, decision: Decision,
+                                flight: Flight) -> Lookup | None:
+        """Wait for a pending request whose question the semantic layer would answer this one from, were it stored:
+        the same decision (SemanticCache.decide) as for stored entries, so nothing it would refuse is shared."""
+        pending = self.flights.pending(flight, self.semantic.min_similarity(key.text))[:self.semantic.top_k]
+        if not pending:
+            return None
+        by_id = {other.key.flight: other for other, _ in pending}
+        match = await asyncio.to_thread(self.semantic.decide, key.text,
+                                        [(other.key.flight, sim, other.key.text) for other, sim in pending])
+        if match is None or not self.flights.follow(flight, by_id[match.entry_id]):
+            return None
+        try:
+            return await self._follow(by_id[match.entry_id], req, key, decision, match)
+        finally:
+            flight.following = False
+
+    def _semantic_lookup(self, req: CacheRequest, key: RequestKey, decision: Decision, match: SemanticMatch,
+                         text: str, entry_id: str, age: float, reason: str) -> Lookup:
+        """A served semantic answer, labelled by its tier, counted, and kept for review when near the threshold."""
+        layer = "semantic" if match.tier == "serve" else "semantic-similar"
+        self._stats.observe_hit(layer, match.similarity, age)
+        if layer == "semantic-similar" or match.similarity < self.config.review_below:
+            self._stats.near_threshold.append({
+                "time": self.clock(), "tenant": req.tenant, "query": key.text, "cached": match.cached_text,
+                "similarity": match.similarity, "tier": match.tier, "entry_id": entry_id})
+        return Lookup(layer, reason, CacheHit(layer, text, match.similarity, entry_id, age), key=key, decision=decision)
 
     def _embed_and_search(self, key: RequestKey) -> tuple[np.ndarray, SemanticMatch | None, Entry | None]:
         """Embed, search and read the matched entry in one worker-thread hop: under load each hop waits for the GIL
@@ -231,9 +248,11 @@ class RequestCache:
         match = self.semantic.lookup(key.text, key.partition, embedding)
         return embedding, match, self.exact.get(match.entry_id) if match is not None else None
 
-    async def _follow(self, flight: Flight, key: RequestKey, decision: Decision, similarity: float | None) -> Lookup | None:
-        """Await a leader. similarity None: same literal request, its answer is ours. Otherwise a semantic
-        neighbour: its answer serves only if it is not personal or re-templates onto this request."""
+    async def _follow(self, flight: Flight, req: CacheRequest, key: RequestKey, decision: Decision,
+                      match: SemanticMatch | None) -> Lookup | None:
+        """Await a leader. match None: same literal request, its answer is ours. Otherwise a semantic neighbour the
+        semantic layer accepted: only an answer it computed serves (one it got from the cache answered its own
+        question, which was never compared with ours), and only if not personal or it re-templates onto ours."""
         try:
             outcome = await asyncio.wait_for(asyncio.shield(flight.future), self.config.follow_timeout_s)
         except TimeoutError:                # the leader hangs: drop its flight so the next request leads afresh
@@ -241,23 +260,22 @@ class RequestCache:
             self.flights.finish(flight, RELEASED)
             return None
         except Exception as exc:
-            if similarity is not None:
+            if match is not None:
                 return None
             self._stats.count("single_flight.error")
             return Lookup("negative", "leader-failed", error=exc, key=key, decision=decision)
         if outcome is RELEASED:
             return None
-        if similarity is None:              # same literal request: the answer the leader got, shared as it came
+        if match is None:                   # same literal request: the answer the leader got, shared as it came
             self._stats.count("single_flight.follower")
             self._stats.observe_hit("shared", flight.similarity, 0.0)
             hit = CacheHit("shared", outcome, flight.similarity, key.exact, 0.0, source=flight.layer)
             return Lookup("shared", "single-flight", hit, key=key, decision=decision)
-        text = self._retemplate(outcome, flight.key, key)
+        text = self._retemplate(outcome, flight.key, key) if flight.layer == "miss" else None
         if text is None:
             return None
         self._stats.count("single_flight.neighbour")
-        return Lookup("semantic", "single-flight", CacheHit("semantic", text, similarity, flight.key.exact, 0.0),
-                      key=key, decision=decision)
+        return self._semantic_lookup(req, key, decision, match, text, flight.key.exact, 0.0, "single-flight")
 
     def _serve(self, entry: Entry, req: CacheRequest, key: RequestKey) -> str | None:
         """The entry's answer filled for this request, or None when it must not serve it (tenant, partition, expiry)."""

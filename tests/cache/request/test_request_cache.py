@@ -2,102 +2,17 @@
 import asyncio
 import json
 import logging
-import random
 import re
 import threading
 import time
-import zlib
 
-import numpy as np
 import pytest
+from helpers.request_cache import Clock, FakeSemantic, answer, chat, make, run
 
-from strata.cache.request.request_cache import CacheRequest, RequestCache, RequestCacheConfig
+from strata.cache.request.request_cache import RequestCacheConfig
 from strata.server.bench.data_files import datasets_dir, packaged
 
 BYPASS_QUERIES = packaged("bypass_queries.jsonl")
-
-
-class FakeSemantic:
-    """Follows the SemanticCache interface: bag-of-words cosine, tiers serve >= 0.95, similar >= 0.8.
-    leaky=True ignores partitions, to prove the facade itself never serves across tenants."""
-
-    def __init__(self, leaky=False, dim=256):
-        self.leaky, self.dim = leaky, dim
-        self.rows: dict[str, tuple[str, str, np.ndarray]] = {}
-        self.lock = threading.Lock()
-        self.embeds = 0
-
-    def embed(self, text):
-        self.embeds += 1
-        v = np.zeros(self.dim, np.float32)
-        for w in re.findall(r"\w+", text.lower()):
-            v[zlib.crc32(w.encode()) % self.dim] += 1       # deterministic, unlike hash()
-        return v / max(np.linalg.norm(v), 1e-9)
-
-    def add(self, entry_id, text, partition, embedding=None):
-        emb = self.embed(text) if embedding is None else np.asarray(embedding, np.float32)
-        if emb.shape != (self.dim,):
-            raise ValueError("dim mismatch")
-        with self.lock:
-            self.rows[entry_id] = (text, partition, emb)
-
-    def remove(self, entry_id):
-        with self.lock:
-            self.rows.pop(entry_id, None)
-
-    def _scored(self, emb, partition):
-        with self.lock:
-            rows = list(self.rows.items())
-        return sorted(((float(e @ emb), i, t) for i, (t, p, e) in rows if self.leaky or partition is None or p == partition),
-                      reverse=True)
-
-    def lookup(self, text, partition, embedding=None):
-        from types import SimpleNamespace
-        emb = self.embed(text) if embedding is None else embedding
-        for sim, i, t in self._scored(emb, partition):
-            if sim >= 0.8:
-                return SimpleNamespace(entry_id=i, similarity=sim, tier="serve" if sim >= 0.95 else "similar", cached_text=t)
-        return None
-
-    def similar_ids(self, text, min_similarity, partition=None):
-        return [i for sim, i, _ in self._scored(self.embed(text), partition) if sim >= min_similarity]
-
-    def __len__(self):
-        return len(self.rows)
-
-
-class Clock:
-    def __init__(self, t=1_000_000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
-
-
-def chat(text, tenant="default", model="m@1", history=(), **kw):
-    sampling = kw.pop("sampling", {"temperature": 0})
-    return CacheRequest(tenant, model, [*history, {"role": "user", "content": text}], sampling, **kw)
-
-
-def make(tmp_path=None, semantic=None, clock=None, **cfg):
-    config = RequestCacheConfig(db=str(tmp_path / "cache.db") if tmp_path else None, **cfg)
-    return RequestCache(config, semantic=semantic, clock=clock or Clock(), rng=random.Random(0))
-
-
-async def answer(cache, req, text="ANSWER"):
-    calls = []
-
-    async def compute():
-        calls.append(1)
-        return text
-
-    got, lookup = await cache.get_or_compute(req, compute)
-    await cache.drain()
-    return got, lookup, len(calls)
-
-
-def run(coro):
-    return asyncio.run(coro)
 
 
 def test_exact_hit_after_write_back_and_counters():
@@ -224,7 +139,7 @@ def test_single_flight_identical_misses_compute_once():
 
 
 def test_single_flight_semantic_neighbour_waits_for_pending_leader():
-    cache = make(semantic=FakeSemantic(), follow_similarity=0.9)
+    cache = make(semantic=FakeSemantic())
     calls = []
 
     async def compute():        # the leader answers only once the other request waits on it, however slow the CPU
