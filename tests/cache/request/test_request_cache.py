@@ -20,7 +20,8 @@ def test_exact_hit_after_write_back_and_counters():
 
     async def go():
         _, first, n1 = await answer(cache, chat("What is the capital of France?"), "Paris.")
-        text, second, n2 = await answer(cache, chat("  What is the capital  of France？"), "unused")
+        # extra spaces fold; a full-width "？" after Latin text no longer does (test_keys: it may be the question)
+        text, second, n2 = await answer(cache, chat("  What is the capital  of France? "), "unused")
         return first, second, text, n1, n2
 
     first, second, text, n1, n2 = run(go())
