@@ -17,7 +17,7 @@ from strata.cache.request.keys import NotCacheable, RequestKey, build_key
 from strata.cache.request.normalize import normalize_text
 from strata.cache.request.pii import has_pii
 from strata.cache.request.policy import Decision, Policy
-from strata.cache.request.request import CacheHit, CacheRequest
+from strata.cache.request.request import AnswerMeta, CacheHit, CacheRequest
 from strata.cache.request.single_flight import RELEASED, Flight, SingleFlight
 from strata.cache.request.stats import CacheStats
 from strata.cache.request.store import Entry, SQLiteStore, Store
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CacheHit", "CacheRequest", "Lookup", "RequestCache", "RequestCacheConfig"]
+__all__ = ["AnswerMeta", "CacheHit", "CacheRequest", "Lookup", "RequestCache", "RequestCacheConfig"]
 
 
 @dataclass(slots=True, eq=False)
@@ -52,15 +52,18 @@ class Lookup:
     flight: Flight | None = field(default=None, repr=False)
     done: bool = False
 
-    def complete(self, text: str, *, tags: tuple[str, ...] = ()) -> None:
-        """Hand the computed answer to waiting followers and to the background write (never blocks)."""
+    def complete(self, text: str, *, tags: tuple[str, ...] = (), meta: AnswerMeta | None = None) -> None:
+        """Hand the computed answer (and its finish reason and token count, replayed with every hit) to waiting
+        followers and to the background write (never blocks)."""
         if not isinstance(text, str):
             raise ValueError(f"complete() needs the answer text (str), got {type(text).__name__}")
         if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
             raise ValueError("tags must be a list or tuple of str")
+        if meta is not None and not isinstance(meta, AnswerMeta):
+            raise ValueError(f"meta must be an AnswerMeta or None, got {type(meta).__name__}")
         self._finish()
         if self.cache is not None:
-            self.cache._complete(self, text, tuple(tags))
+            self.cache._complete(self, text, tuple(tags), meta)
 
     def fail(self, exc: BaseException) -> None:
         """Release followers with the error (a cancellation lets them compute themselves); remember the failure briefly."""
@@ -92,6 +95,7 @@ class _Write:
     answer: str
     tags: tuple[str, ...]
     generation: int
+    meta: AnswerMeta | None = None
 
 
 class RequestCache:
@@ -170,8 +174,8 @@ class RequestCache:
         now = self._touch(entry)
         age = max(0.0, now - entry.created_at)
         self._stats.observe_hit("exact", 1.0, age)
-        return Lookup("exact", decision.reason, CacheHit("exact", text, 1.0, entry.entry_id, age), key=key,
-                      decision=decision)
+        return Lookup("exact", decision.reason, CacheHit("exact", text, 1.0, entry.entry_id, age, meta=entry.meta),
+                      key=key, decision=decision)
 
     async def _lead(self, req: CacheRequest, key: RequestKey, decision: Decision, flight: Flight) -> Lookup:
         guarded = self.guard.marked(req.client_id, key)
@@ -202,14 +206,14 @@ class RequestCache:
             else:
                 now = self._touch(entry)
                 found = self._semantic_lookup(req, key, decision, match, text, entry.entry_id,
-                                              max(0.0, now - entry.created_at), decision.reason)
-                flight.layer, flight.similarity = found.layer, match.similarity
+                                              max(0.0, now - entry.created_at), decision.reason, entry.meta)
+                flight.layer, flight.similarity, flight.meta = found.layer, match.similarity, entry.meta
                 self.flights.finish(flight, text)
                 return found
         self._stats.count("semantic.miss")
         found = await self._follow_neighbour(req, key, decision, flight)
         if found is not None:
-            flight.layer, flight.similarity = found.hit.layer, found.hit.similarity
+            flight.layer, flight.similarity, flight.meta = found.hit.layer, found.hit.similarity, found.hit.meta
             self.flights.finish(flight, found.hit.text)
         return found
 
@@ -231,7 +235,7 @@ class RequestCache:
             flight.following = False
 
     def _semantic_lookup(self, req: CacheRequest, key: RequestKey, decision: Decision, match: SemanticMatch,
-                         text: str, entry_id: str, age: float, reason: str) -> Lookup:
+                         text: str, entry_id: str, age: float, reason: str, meta: AnswerMeta | None) -> Lookup:
         """A served semantic answer, labelled by its tier, counted, and kept for review when near the threshold."""
         layer = "semantic" if match.tier == "serve" else "semantic-similar"
         self._stats.observe_hit(layer, match.similarity, age)
@@ -239,7 +243,8 @@ class RequestCache:
             self._stats.near_threshold.append({
                 "time": self.clock(), "tenant": req.tenant, "query": key.text, "cached": match.cached_text,
                 "similarity": match.similarity, "tier": match.tier, "entry_id": entry_id})
-        return Lookup(layer, reason, CacheHit(layer, text, match.similarity, entry_id, age), key=key, decision=decision)
+        return Lookup(layer, reason, CacheHit(layer, text, match.similarity, entry_id, age, meta=meta), key=key,
+                      decision=decision)
 
     def _embed_and_search(self, key: RequestKey) -> tuple[np.ndarray, SemanticMatch | None, Entry | None]:
         """Embed, search and read the matched entry in one worker-thread hop: under load each hop waits for the GIL
@@ -269,13 +274,14 @@ class RequestCache:
         if match is None:                   # same literal request: the answer the leader got, shared as it came
             self._stats.count("single_flight.follower")
             self._stats.observe_hit("shared", flight.similarity, 0.0)
-            hit = CacheHit("shared", outcome, flight.similarity, key.exact, 0.0, source=flight.layer)
+            hit = CacheHit("shared", outcome, flight.similarity, key.exact, 0.0, source=flight.layer, meta=flight.meta)
             return Lookup("shared", "single-flight", hit, key=key, decision=decision)
         text = self._retemplate(outcome, flight.key, key) if flight.layer == "miss" else None
         if text is None:
             return None
         self._stats.count("single_flight.neighbour")
-        return self._semantic_lookup(req, key, decision, match, text, flight.key.exact, 0.0, "single-flight")
+        return self._semantic_lookup(req, key, decision, match, text, flight.key.exact, 0.0, "single-flight",
+                                     flight.meta)
 
     def _serve(self, entry: Entry, req: CacheRequest, key: RequestKey) -> str | None:
         """The entry's answer filled for this request, or None when it must not serve it (tenant, partition, expiry)."""
@@ -315,13 +321,14 @@ class RequestCache:
 
     # ---- write path ---------------------------------------------------------------------------------------
 
-    def _complete(self, lookup: Lookup, text: str, tags: tuple[str, ...]) -> None:
+    def _complete(self, lookup: Lookup, text: str, tags: tuple[str, ...], meta: AnswerMeta | None) -> None:
         if lookup.flight is not None:
+            lookup.flight.meta = meta
             self.flights.finish(lookup.flight, text)
         self.guard.forget_failure(lookup.key.flight)
         if not lookup.write or self.closed:
             return
-        job = _Write(lookup.key, lookup.decision, text, tags, self.generation)
+        job = _Write(lookup.key, lookup.decision, text, tags, self.generation, meta)
         if not self.writer.submit(job):
             self._stats.count("write.dropped")
 
@@ -350,7 +357,7 @@ class RequestCache:
             now = self.clock()
             ttl = job.decision.ttl_s * self.rng.uniform(1 - self.config.ttl_jitter, 1 + self.config.ttl_jitter)
             entry = Entry(key.exact, key.partition, key.tenant, key.model, key.text, answer, now, now + ttl,
-                          job.decision.ttl_class, job.tags, semantic=semantic, embedding=embedding)
+                          job.decision.ttl_class, job.tags, semantic=semantic, embedding=embedding, meta=job.meta)
             self.exact.put(entry)
             if semantic:
                 self.semantic.add(entry.entry_id, key.text, key.partition, embedding)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from strata.cache.request.keys import RequestKey
+from strata.cache.request.request import AnswerMeta
 
 RELEASED = object()     # the leader gave up without an answer (cancelled): followers retry on their own
 
@@ -22,6 +23,7 @@ class Flight:
     following: bool = False     # its leader waits on another flight: nobody may wait on it in turn (no cycles)
     layer: str = "miss"         # how the leader got its answer (a cache layer, or "miss": computed)
     similarity: float = 1.0     # the leader's hit similarity (1.0 when it computed), passed on to its followers
+    meta: AnswerMeta | None = None  # the answer's finish reason and token count, passed on with it
 
 
 class SingleFlight:

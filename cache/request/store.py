@@ -11,6 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
+from strata.cache.request.request import AnswerMeta
+
 
 @dataclass(slots=True)
 class Entry:
@@ -30,11 +32,12 @@ class Entry:
     hits: int = 0
     last_hit: float | None = None
     embedding: np.ndarray | None = field(default=None, repr=False)
+    meta: AnswerMeta | None = None   # finish reason and token count of the answer, replayed with each hit
 
     @property
     def size(self) -> int:
         """Approximate bytes held in memory, for the byte bound of the in-process layer."""
-        return 200 + 2 * (len(self.text) + len(self.answer) + len(self.partition)) + \
+        return 250 + 2 * (len(self.text) + len(self.answer) + len(self.partition)) + \
             (self.embedding.nbytes if self.embedding is not None else 0)
 
 
@@ -58,12 +61,15 @@ CREATE TABLE IF NOT EXISTS entries (
     entry_id TEXT PRIMARY KEY, partition TEXT NOT NULL, tenant TEXT NOT NULL, model TEXT NOT NULL,
     text TEXT NOT NULL, answer TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL,
     ttl_class TEXT NOT NULL, tags TEXT NOT NULL, semantic INTEGER NOT NULL, hits INTEGER NOT NULL,
-    last_hit REAL, embedding BLOB);
+    last_hit REAL, embedding BLOB, meta TEXT);
 CREATE INDEX IF NOT EXISTS entries_partition ON entries(partition);
 CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires_at);
 CREATE TABLE IF NOT EXISTS entry_tags (tag TEXT NOT NULL, entry_id TEXT NOT NULL, PRIMARY KEY (tag, entry_id));
 """
-_COLUMNS = "entry_id, partition, tenant, model, text, answer, created_at, expires_at, ttl_class, tags, semantic, hits, last_hit, embedding"
+_COLUMNS = ("entry_id, partition, tenant, model, text, answer, created_at, expires_at, ttl_class, tags, semantic, hits, "
+            "last_hit, embedding, meta")
+# Columns later versions added, as (name, declaration): an older file gains them on open, its rows read as defaults.
+_ADDED_COLUMNS = (("meta", "TEXT"),)
 
 
 def _escape_like(text: str) -> str:
@@ -85,19 +91,27 @@ class SQLiteStore:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
+            self._migrate()
         except (OSError, sqlite3.DatabaseError) as exc:
             raise ValueError(f"cannot open request-cache store {self.path}: {exc}") from None
         self.lock = threading.Lock()
+
+    def _migrate(self) -> None:
+        """Add the columns an older file lacks (its entries replay with meta None)."""
+        have = {row[1] for row in self.db.execute("PRAGMA table_info(entries)")}
+        for name, declaration in _ADDED_COLUMNS:
+            if name not in have:
+                self.db.execute(f"ALTER TABLE entries ADD COLUMN {name} {declaration}")
 
     def put(self, entry: Entry) -> None:
         """Insert or replace one entry and its tags in one transaction."""
         blob = None if entry.embedding is None else np.asarray(entry.embedding, np.float32).tobytes()
         row = (entry.entry_id, entry.partition, entry.tenant, entry.model, entry.text, entry.answer, entry.created_at,
                entry.expires_at, entry.ttl_class, json.dumps(list(entry.tags)), int(entry.semantic), entry.hits,
-               entry.last_hit, blob)
+               entry.last_hit, blob, None if entry.meta is None else entry.meta.to_json())
         with self.lock, self.db:
             self.db.execute("BEGIN")
-            self.db.execute(f"INSERT OR REPLACE INTO entries ({_COLUMNS}) VALUES ({','.join('?' * 14)})", row)
+            self.db.execute(f"INSERT OR REPLACE INTO entries ({_COLUMNS}) VALUES ({','.join('?' * len(row))})", row)
             self.db.execute("DELETE FROM entry_tags WHERE entry_id = ?", (entry.entry_id,))
             self.db.executemany("INSERT INTO entry_tags VALUES (?, ?)", [(t, entry.entry_id) for t in entry.tags])
 
@@ -164,7 +178,7 @@ class SQLiteStore:
 
 
 def _entry(row: tuple) -> Entry:
-    *head, tags, semantic, hits, last_hit, blob = row
+    *head, tags, semantic, hits, last_hit, blob, meta = row
     embedding = None if blob is None else np.frombuffer(blob, dtype=np.float32).copy()
     return Entry(*head, tags=tuple(json.loads(tags)), semantic=bool(semantic), hits=hits, last_hit=last_hit,
-                 embedding=embedding)
+                 embedding=embedding, meta=None if meta is None else AnswerMeta.from_json(meta))
