@@ -12,8 +12,8 @@ class RequestCacheConfig:
 
     # stores
     db: str | None = None  # SQLite file of stored answers (WAL); none = in memory, nothing survives a restart
-    max_entries: int = 50_000  # in-process exact layer bound, entries
-    max_bytes: int = 256 * 2**20  # in-process exact layer bound, bytes of stored text
+    memory_max_entries: int = 50_000  # in-process exact layer (in front of the store) bound, entries
+    memory_max_bytes: int = 256 * 2**20  # in-process exact layer (in front of the store) bound, bytes
     # keys and policy
     casefold: bool = False  # fold case in the exact key ("Paris" == "paris")
     policy_rules: str | None = None  # JSON rules file; none = the shipped data/policy_rules.json
@@ -42,8 +42,8 @@ class RequestCacheConfig:
         return self.embedder != "none"
 
     def __post_init__(self) -> None:
-        if self.max_entries < 1 or self.max_bytes < 1:
-            raise ValueError("max_entries and max_bytes must be >= 1")
+        if self.memory_max_entries < 1 or self.memory_max_bytes < 1:
+            raise ValueError("memory_max_entries and memory_max_bytes must be >= 1")
         if not 0.0 <= self.ttl_jitter < 1.0:
             raise ValueError(f"ttl_jitter must be in [0, 1), got {self.ttl_jitter}")
         if self.temperature_rule not in TEMPERATURE_RULES:

@@ -115,7 +115,7 @@ class RequestCache:
         self.policy = policy or Policy.load(config.policy_rules, temperature_rule=config.temperature_rule,
                                             default_temperature=config.default_temperature)
         self.store = store if store is not None else SQLiteStore(config.db)
-        self.exact = ExactCache(self.store, config.max_entries, config.max_bytes, clock)
+        self.exact = ExactCache(self.store, config.memory_max_entries, config.memory_max_bytes, clock)
         self.semantic = semantic
         self.flights = SingleFlight()
         self.guard = MissGuard(config.miss_window_s, config.miss_limit, config.negative_ttl_s, clock)

@@ -488,7 +488,7 @@ def test_a_dropped_or_hung_leader_does_not_block_the_next_request():
 
 
 def test_memory_layer_is_bounded_but_the_store_keeps_everything():
-    cache = make(max_entries=2)
+    cache = make(memory_max_entries=2)
 
     async def go():
         for i in range(5):
@@ -499,7 +499,7 @@ def test_memory_layer_is_bounded_but_the_store_keeps_everything():
 
     run(go())
     cache.close()
-    tiny = make(max_bytes=1000)
+    tiny = make(memory_max_bytes=1000)
     run(answer(tiny, chat("Write a long essay"), "x" * 5000))
     assert len(tiny.exact) == 0 and run(tiny.lookup(chat("Write a long essay"))).hit.text == "x" * 5000
     tiny.close()
@@ -565,7 +565,7 @@ def test_followers_of_a_semantic_hit_are_shared_and_say_its_layer():
     cache.close()
 
 
-@pytest.mark.parametrize("bad", [dict(max_entries=0), dict(ttl_jitter=1.5), dict(temperature_rule="maybe"),
+@pytest.mark.parametrize("bad", [dict(memory_max_entries=0), dict(ttl_jitter=1.5), dict(temperature_rule="maybe"),
                                  dict(write_queue_size=0), dict(miss_limit=0)])
 def test_bad_config_is_a_value_error(bad):
     with pytest.raises(ValueError):
@@ -622,7 +622,7 @@ def test_hit_counts_are_never_lost_between_the_event_loop_and_the_writer(tmp_pat
 def test_store_reads_and_waits_stay_off_the_event_loop(tmp_path, caplog):
     """asyncio debug mode reports any callback over 50 ms; an exact lookup that misses memory reads SQLite while
     the writer thread holds the store's lock for 300 ms, and the event loop must not wait for it."""
-    cache = make(tmp_path, max_entries=1)
+    cache = make(tmp_path, memory_max_entries=1)
     run(answer(cache, chat("What is a trie?"), "A prefix tree."))
     run(answer(cache, chat("What is a deque?"), "A double-ended queue."))     # evicts the trie from memory
     assert len(cache.exact) == 1
