@@ -12,6 +12,7 @@ class RequestCacheConfig:
 
     # stores
     db: str | None = None  # SQLite file of stored answers (WAL); none = in memory, nothing survives a restart
+    db_reset: bool = False  # a corrupt db file is moved aside (<file>.corrupt-<time>) and the cache starts empty
     memory_max_entries: int = 50_000  # in-process exact layer (in front of the store) bound, entries
     memory_max_bytes: int = 256 * 2**20  # in-process exact layer (in front of the store) bound, bytes
     # keys and policy

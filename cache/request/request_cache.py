@@ -21,6 +21,7 @@ from strata.cache.request.request import AnswerMeta, CacheHit, CacheRequest
 from strata.cache.request.single_flight import RELEASED, Flight, SingleFlight
 from strata.cache.request.stats import CacheStats
 from strata.cache.request.store import Entry, SQLiteStore, Store
+from strata.cache.request.store_faults import StoreFaults
 from strata.cache.request.templating import fill_answer, has_placeholder, template_answer, template_request
 from strata.cache.request.write_back import WriteBack
 
@@ -114,12 +115,13 @@ class RequestCache:
         self.rng = rng or random.Random()
         self.policy = policy or Policy.load(config.policy_rules, temperature_rule=config.temperature_rule,
                                             default_temperature=config.default_temperature)
-        self.store = store if store is not None else SQLiteStore(config.db)
+        self.store = store if store is not None else SQLiteStore(config.db, reset=config.db_reset)
         self.exact = ExactCache(self.store, config.memory_max_entries, config.memory_max_bytes, clock)
         self.semantic = semantic
         self.flights = SingleFlight()
         self.guard = MissGuard(config.miss_window_s, config.miss_limit, config.negative_ttl_s, clock)
         self._stats = CacheStats(config.review_size)
+        self.faults = StoreFaults(self._stats, clock)   # a store that fails makes misses, never failed requests
         self.touched: dict[str, Entry] = {}       # hit counts not yet persisted
         self.touch_lock = threading.Lock()        # the event loop counts hits, the writer thread persists them
         self.generation = 0                       # bumped by invalidate(): writes queued before it are dropped
@@ -166,7 +168,7 @@ class RequestCache:
         """Memory on the event loop; the store (SQLite, which the writer thread may hold) in a worker thread."""
         entry = self.exact.get_memory(key.exact)
         if entry is None:
-            entry = await asyncio.to_thread(self.exact.get_stored, key.exact)
+            entry = await asyncio.to_thread(self.faults.call, "lookup", self.exact.get_stored, key.exact)
         text = self._serve(entry, req, key) if entry is not None else None
         if text is None:
             self._stats.count("exact.miss")
@@ -251,7 +253,8 @@ class RequestCache:
         and a core again, and the entry may have to come from the store."""
         embedding = self.semantic.embed(key.text)
         match = self.semantic.lookup(key.text, key.partition, embedding)
-        return embedding, match, self.exact.get(match.entry_id) if match is not None else None
+        entry = self.faults.call("lookup", self.exact.get, match.entry_id) if match is not None else None
+        return embedding, match, entry
 
     async def _follow(self, flight: Flight, req: CacheRequest, key: RequestKey, decision: Decision,
                       match: SemanticMatch | None) -> Lookup | None:
@@ -358,7 +361,13 @@ class RequestCache:
             ttl = job.decision.ttl_s * self.rng.uniform(1 - self.config.ttl_jitter, 1 + self.config.ttl_jitter)
             entry = Entry(key.exact, key.partition, key.tenant, key.model, key.text, answer, now, now + ttl,
                           job.decision.ttl_class, job.tags, semantic=semantic, embedding=embedding, meta=job.meta)
-            self.exact.put(entry)
+            try:
+                with self.faults.watch("write"):
+                    self.store.put(entry)
+            except Exception:
+                self._stats.count("write.failed")
+                return False
+            self.exact.remember(entry)
             if semantic:
                 self.semantic.add(entry.entry_id, key.text, key.partition, embedding)
         self._stats.count("write.written")
@@ -372,11 +381,16 @@ class RequestCache:
         return None
 
     def _persist_hits(self) -> None:
+        """Store pending hit counts; a store fault drops them (statistics, not answers)."""
         with self.touch_lock:
             touched, self.touched = self.touched, {}
             counts = [(entry.entry_id, entry.hits, entry.last_hit) for entry in touched.values()]
-        for entry_id, hits, last_hit in counts:
-            self.store.touch(entry_id, hits, last_hit)
+
+        def touch_all() -> None:
+            for entry_id, hits, last_hit in counts:
+                self.store.touch(entry_id, hits, last_hit)
+
+        self.faults.call("touch", touch_all)
 
     # ---- maintenance --------------------------------------------------------------------------------------
 
@@ -387,13 +401,19 @@ class RequestCache:
         if now - self.last_purge >= 60.0:
             self.last_purge = now
             with self.write_lock:
-                self._remove(self.store.expired(now))
+                self.faults.call("purge", self._purge, now)
+
+    def _purge(self, now: float) -> None:
+        self._remove(self.store.expired(now))
 
     def _load(self) -> None:
-        """Drop expired entries, then rebuild the semantic index from stored embeddings (re-embed on a mismatch)."""
-        self._remove(self.store.expired(self.clock()))
-        if self.semantic is None:
-            return
+        """Drop expired entries, then rebuild the semantic index from stored embeddings (re-embed on a mismatch).
+        A store that fails meanwhile leaves the index partial and the cache degraded, not the server down."""
+        self.faults.call("purge", self._purge, self.clock())
+        if self.semantic is not None:
+            self.faults.call("load", self._index_stored)
+
+    def _index_stored(self) -> None:
         for entry in self.store.entries():
             if not entry.semantic:
                 continue
@@ -420,11 +440,7 @@ class RequestCache:
         """
         if all(v is None for v in (entry_id, tag, partition, model, similar_to, tenant)):
             raise ValueError("invalidate() needs at least one of entry_id, tag, partition, model, similar_to, tenant")
-        candidates: set[str] | None = None
-        if any(v is not None for v in (tag, partition, model, tenant)):
-            candidates = set(self.store.ids(tag=tag, partition=partition, model=model, tenant=tenant))
-        if entry_id is not None:
-            candidates = {entry_id} if candidates is None else candidates & {entry_id}
+        candidates: set[str] | None = {entry_id} if entry_id is not None else None
         if similar_to is not None:
             if self.semantic is None:
                 raise ValueError("invalidate(similar_to=...) needs the semantic layer")
@@ -433,9 +449,13 @@ class RequestCache:
             text = template_request(normalize_text(similar_to)).text
             similar = set(self.semantic.similar_ids(text, min_similarity, None))
             candidates = similar if candidates is None else candidates & similar
-        with self.write_lock:
-            self.generation += 1
-            return self._remove(candidates)
+        with self.faults.watch("delete"):       # an admin must not be told it worked: a store fault propagates
+            if any(v is not None for v in (tag, partition, model, tenant)):
+                matching = set(self.store.ids(tag=tag, partition=partition, model=model, tenant=tenant))
+                candidates = matching if candidates is None else candidates & matching
+            with self.write_lock:
+                self.generation += 1
+                return self._remove(candidates)
 
     def warmup(self, records: Iterable[dict], *, tenant: str = "default", model: str | None = None,
                sampling: dict | None = None) -> int:
@@ -474,17 +494,24 @@ class RequestCache:
     def stats(self) -> dict:
         """Counters per layer (exact/semantic/bypass/single_flight/write/...), similarity and hit-age histograms, sizes."""
         snap = self._stats.snapshot()
-        snap["entries"] = {"memory": len(self.exact), "store": len(self.store),
+        snap["entries"] = {"memory": len(self.exact), "store": self.faults.call("count", len, self.store),
                            "semantic": len(self.semantic) if self.semantic is not None else 0}
         snap["write_queue"] = {"pending": self.writer.queue.qsize(), "errors": self.writer.errors}
         return snap
 
     def health(self) -> dict:
-        """{"status": "ok" | "degraded", "reason"}: degraded while the background writer reports errors."""
-        errors = self.writer.errors
-        if errors:
-            return {"status": "degraded", "reason": f"{errors} background write error(s)"}
-        return {"status": "ok", "reason": ""}
+        """{"status": "ok" | "degraded", "reason": str} for /health: degraded while store faults are recent (lookups
+        miss, writes are lost), while the write queue is full (answers are dropped), or once the writer failed
+        otherwise (a bug: it stays until restart). Reads no store: loop-safe."""
+        reasons = []
+        faults = self.faults.recent()
+        if faults:
+            reasons.append(f"{faults} store fault(s) in the last {self.faults.recent_s:.0f} s, latest {self.faults.last}")
+        if self.writer.queue.full():
+            reasons.append(f"write queue full ({self.writer.queue.maxsize} pending): answers are not being stored")
+        if self.writer.errors:
+            reasons.append(f"{self.writer.errors} background write error(s)")
+        return {"status": "degraded" if reasons else "ok", "reason": "; ".join(reasons)}
 
     def review(self, limit: int = 50) -> list[dict]:
         """The latest near-threshold semantic hits (newest first), for a human to judge."""
@@ -504,4 +531,4 @@ class RequestCache:
         self.closed = True
         self.writer.close()
         self._persist_hits()
-        self.store.close()
+        self.faults.call("close", self.store.close)

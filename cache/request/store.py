@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +15,8 @@ from typing import Protocol
 import numpy as np
 
 from strata.cache.request.request import AnswerMeta
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -72,6 +77,34 @@ _COLUMNS = ("entry_id, partition, tenant, model, text, answer, created_at, expir
 _ADDED_COLUMNS = (("meta", "TEXT"),)
 
 
+class _Corrupt(Exception):
+    """The store file is damaged (SQLITE_CORRUPT, SQLITE_NOTADB, or quick_check found a problem)."""
+
+
+_CORRUPTION = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Add the columns an older file lacks (its entries replay with meta None)."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(entries)")}
+    for name, declaration in _ADDED_COLUMNS:
+        if name not in have:
+            db.execute(f"ALTER TABLE entries ADD COLUMN {name} {declaration}")
+
+
+def _move_aside(path: str) -> str:
+    """Rename a damaged file and its WAL companions to <file>.corrupt-<UTC time>[.n]; returns the new name."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    aside, n = f"{path}.corrupt-{stamp}", 0
+    while os.path.exists(aside):
+        n += 1
+        aside = f"{path}.corrupt-{stamp}.{n}"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.replace(path + suffix, aside + suffix)
+    return aside
+
+
 def _escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
@@ -82,26 +115,43 @@ class SQLiteStore:
     One connection guarded by a lock: the lookup path reads, the write-back thread writes.
     """
 
-    def __init__(self, path: str | None = None):
+    def __init__(self, path: str | None = None, *, reset: bool = False):
+        """Open (or create) the file and check it (PRAGMA quick_check: one pass over the file, no index cross-check).
+        A damaged file is a one-line ValueError saying what to do, or with reset=True moved aside
+        (<file>.corrupt-<time>, with its -wal and -shm) for an empty store. Other open failures: ValueError."""
         self.path = path or ":memory:"
         try:
-            if path:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(_SCHEMA)
-            self._migrate()
-        except (OSError, sqlite3.DatabaseError) as exc:
-            raise ValueError(f"cannot open request-cache store {self.path}: {exc}") from None
+            self.db = self._open()
+        except _Corrupt as exc:
+            if not reset:
+                raise ValueError(f"request-cache store {self.path} is corrupt ({exc}); move it aside, or start with "
+                                 f"--cache-db-reset (config db_reset) to have it moved aside and start empty") from None
+            aside = _move_aside(self.path)
+            log.warning("request-cache store %s is corrupt (%s): moved to %s, starting empty", self.path, exc, aside)
+            self.db = self._open()
         self.lock = threading.Lock()
 
-    def _migrate(self) -> None:
-        """Add the columns an older file lacks (its entries replay with meta None)."""
-        have = {row[1] for row in self.db.execute("PRAGMA table_info(entries)")}
-        for name, declaration in _ADDED_COLUMNS:
-            if name not in have:
-                self.db.execute(f"ALTER TABLE entries ADD COLUMN {name} {declaration}")
+    def _open(self) -> sqlite3.Connection:
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise ValueError(f"cannot open request-cache store {self.path}: {exc}") from None
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            problem = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if problem != "ok":
+                raise _Corrupt(problem)
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            _migrate(db)
+            return db
+        except (_Corrupt, sqlite3.Error) as exc:
+            db.close()
+            if isinstance(exc, _Corrupt) or getattr(exc, "sqlite_errorname", "").startswith(_CORRUPTION):
+                raise _Corrupt(" ".join(str(exc).replace("*** in database main ***", "").split())) from None
+            raise ValueError(f"cannot open request-cache store {self.path}: {exc}") from None
 
     def put(self, entry: Entry) -> None:
         """Insert or replace one entry and its tags in one transaction."""
