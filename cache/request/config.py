@@ -13,6 +13,8 @@ class RequestCacheConfig:
     # stores
     db: str | None = None  # SQLite file of stored answers (WAL); none = in memory, nothing survives a restart
     db_reset: bool = False  # a corrupt db file is moved aside (<file>.corrupt-<time>) and the cache starts empty
+    max_bytes: int = 2**30  # store bound, bytes of stored entries (texts, answer, embedding): LRU eviction keeps it
+    tenant_max_share: float = 1.0  # a tenant may hold at most this fraction of max_bytes (1 = the global bound only)
     memory_max_entries: int = 50_000  # in-process exact layer (in front of the store) bound, entries
     memory_max_bytes: int = 256 * 2**20  # in-process exact layer (in front of the store) bound, bytes
     # keys and policy
@@ -43,8 +45,10 @@ class RequestCacheConfig:
         return self.embedder != "none"
 
     def __post_init__(self) -> None:
-        if self.memory_max_entries < 1 or self.memory_max_bytes < 1:
-            raise ValueError("memory_max_entries and memory_max_bytes must be >= 1")
+        if self.memory_max_entries < 1 or self.memory_max_bytes < 1 or self.max_bytes < 1:
+            raise ValueError("memory_max_entries, memory_max_bytes and max_bytes must be >= 1")
+        if not 0.0 < self.tenant_max_share <= 1.0:
+            raise ValueError(f"tenant_max_share must be in (0, 1], got {self.tenant_max_share}")
         if not 0.0 <= self.ttl_jitter < 1.0:
             raise ValueError(f"ttl_jitter must be in [0, 1), got {self.ttl_jitter}")
         if self.temperature_rule not in TEMPERATURE_RULES:

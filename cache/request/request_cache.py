@@ -22,6 +22,7 @@ from strata.cache.request.single_flight import RELEASED, Flight, SingleFlight
 from strata.cache.request.stats import CacheStats
 from strata.cache.request.store import Entry, SQLiteStore, Store
 from strata.cache.request.store_faults import StoreFaults
+from strata.cache.request.store_quota import EntryTooLarge
 from strata.cache.request.templating import fill_answer, has_placeholder, template_answer, template_request
 from strata.cache.request.write_back import WriteBack
 
@@ -115,7 +116,8 @@ class RequestCache:
         self.rng = rng or random.Random()
         self.policy = policy or Policy.load(config.policy_rules, temperature_rule=config.temperature_rule,
                                             default_temperature=config.default_temperature)
-        self.store = store if store is not None else SQLiteStore(config.db, reset=config.db_reset)
+        self.store = store if store is not None else SQLiteStore(
+            config.db, reset=config.db_reset, max_bytes=config.max_bytes, tenant_max_share=config.tenant_max_share)
         self.exact = ExactCache(self.store, config.memory_max_entries, config.memory_max_bytes, clock)
         self.semantic = semantic
         self.flights = SingleFlight()
@@ -362,11 +364,17 @@ class RequestCache:
             entry = Entry(key.exact, key.partition, key.tenant, key.model, key.text, answer, now, now + ttl,
                           job.decision.ttl_class, job.tags, semantic=semantic, embedding=embedding, meta=job.meta)
             try:
-                with self.faults.watch("write"):
-                    self.store.put(entry)
-            except Exception:
+                evicted = self.store.put(entry)
+            except EntryTooLarge:
+                self._stats.count("write.skipped_too_large")
+                return False
+            except Exception as exc:
+                self.faults.report("write", exc)
                 self._stats.count("write.failed")
                 return False
+            self._forget([entry_id for entry_id, _ in evicted])
+            for _, reason in evicted:
+                self._stats.count(f"store.evicted_{reason}")
             self.exact.remember(entry)
             if semantic:
                 self.semantic.add(entry.entry_id, key.text, key.partition, embedding)
@@ -424,11 +432,15 @@ class RequestCache:
 
     def _remove(self, entry_ids) -> int:
         entry_ids = list(entry_ids)
+        self._forget(entry_ids)
+        return self.store.delete(entry_ids)
+
+    def _forget(self, entry_ids: list[str]) -> None:
+        """Drop entries from the memory layer and the semantic index (the store no longer has them)."""
         self.exact.forget(entry_ids)
         if self.semantic is not None:
             for entry_id in entry_ids:
                 self.semantic.remove(entry_id)
-        return self.store.delete(entry_ids)
 
     def invalidate(self, *, entry_id: str | None = None, tag: str | None = None, partition: str | None = None,
                    model: str | None = None, similar_to: str | None = None, min_similarity: float = 0.9,
@@ -494,9 +506,12 @@ class RequestCache:
     def stats(self) -> dict:
         """Counters per layer (exact/semantic/bypass/single_flight/write/...), similarity and hit-age histograms, sizes."""
         snap = self._stats.snapshot()
-        snap["entries"] = {"memory": len(self.exact), "store": self.faults.call("count", len, self.store),
+        usage = self.store.usage()
+        snap["entries"] = {"memory": len(self.exact), "store": usage["entries"],
                            "semantic": len(self.semantic) if self.semantic is not None else 0}
         snap["write_queue"] = {"pending": self.writer.queue.qsize(), "errors": self.writer.errors}
+        snap["store_bytes"] = {"used": usage["bytes"], "max": usage["max_bytes"],
+                               "tenant_max": usage["tenant_max_bytes"], "tenants": usage["tenants"]}
         return snap
 
     def health(self) -> dict:

@@ -1,5 +1,5 @@
 """An answer's metadata (finish reason, completion tokens) is stored with it and replayed with every hit, so a cut
-answer is never passed off as complete; files written before the column existed still open."""
+answer is never passed off as complete; files written before the meta (and size) columns existed still open."""
 import asyncio
 import json
 import sqlite3
@@ -126,6 +126,8 @@ def test_a_file_from_before_meta_opens_and_replays_none(tmp_path):
                     (key.exact, key.partition, key.tenant, key.model, key.text, "Mars", clock.t - 10, clock.t + 3600,
                      "default", "[]", 0, 0, None, None))
     cache = make(tmp_path, clock=clock)
+    usage = cache.store.usage()                  # the size column was added and filled for the old row
+    assert usage["entries"] == 1 and usage["tenants"] == {"default": usage["bytes"]} and usage["bytes"] > 100
     hit = run(cache.lookup(ask("Name a planet")))
     assert (hit.layer, hit.hit.text, hit.hit.meta) == ("exact", "Mars", None)
 
