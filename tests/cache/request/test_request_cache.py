@@ -621,7 +621,8 @@ def test_hit_counts_are_never_lost_between_the_event_loop_and_the_writer(tmp_pat
 
 def test_store_reads_and_waits_stay_off_the_event_loop(tmp_path, caplog):
     """asyncio debug mode reports any callback over 50 ms; an exact lookup that misses memory reads SQLite while
-    the writer thread holds the store's lock for 300 ms, and the event loop must not wait for it."""
+    the writer thread holds the store's lock for 300 ms, and the event loop must not wait for it (nor for
+    stats() or health(), which /metrics and /health call on it)."""
     cache = make(tmp_path, memory_max_entries=1)
     run(answer(cache, chat("What is a trie?"), "A prefix tree."))
     run(answer(cache, chat("What is a deque?"), "A double-ended queue."))     # evicts the trie from memory
@@ -645,6 +646,7 @@ def test_store_reads_and_waits_stay_off_the_event_loop(tmp_path, caplog):
                 await asyncio.sleep(0.01)
 
         ticker = asyncio.create_task(tick())
+        assert cache.stats()["entries"]["store"] == 2 and cache.health()["status"] == "ok"   # running totals only
         hit = await cache.lookup(chat("What is a trie?"))
         await ticker
         holder.join()
