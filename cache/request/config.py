@@ -12,8 +12,11 @@ class RequestCacheConfig:
 
     # stores
     db: str | None = None  # SQLite file of stored answers (WAL); none = in memory, nothing survives a restart
-    max_entries: int = 50_000  # in-process exact layer bound, entries
-    max_bytes: int = 256 * 2**20  # in-process exact layer bound, bytes of stored text
+    db_reset: bool = False  # a corrupt db file is moved aside (<file>.corrupt-<time>) and the cache starts empty
+    max_bytes: int = 2**30  # store bound, bytes of stored entries (texts, answer, embedding): LRU eviction keeps it
+    tenant_max_share: float = 1.0  # a tenant may hold at most this fraction of max_bytes (1 = the global bound only)
+    memory_max_entries: int = 50_000  # in-process exact layer (in front of the store) bound, entries
+    memory_max_bytes: int = 256 * 2**20  # in-process exact layer (in front of the store) bound, bytes
     # keys and policy
     casefold: bool = False  # fold case in the exact key ("Paris" == "paris")
     policy_rules: str | None = None  # JSON rules file; none = the shipped data/policy_rules.json
@@ -23,7 +26,6 @@ class RequestCacheConfig:
     # write-back, single-flight, penetration guard
     write_queue_size: int = 1024  # background write queue; a full queue drops the write
     follow_timeout_s: float = 120.0  # a follower waits this long for its leader, then computes itself
-    follow_similarity: float = 0.98  # a semantic miss this close to a pending request waits for it
     negative_ttl_s: float = 2.0  # a failed computation is remembered this long (same request gets the error)
     miss_window_s: float = 10.0  # penetration guard: window for near-identical misses from one client
     miss_limit: int = 3  # misses of one cluster per client and window before the guard marks it
@@ -43,8 +45,10 @@ class RequestCacheConfig:
         return self.embedder != "none"
 
     def __post_init__(self) -> None:
-        if self.max_entries < 1 or self.max_bytes < 1:
-            raise ValueError("max_entries and max_bytes must be >= 1")
+        if self.memory_max_entries < 1 or self.memory_max_bytes < 1 or self.max_bytes < 1:
+            raise ValueError("memory_max_entries, memory_max_bytes and max_bytes must be >= 1")
+        if not 0.0 < self.tenant_max_share <= 1.0:
+            raise ValueError(f"tenant_max_share must be in (0, 1], got {self.tenant_max_share}")
         if not 0.0 <= self.ttl_jitter < 1.0:
             raise ValueError(f"ttl_jitter must be in [0, 1), got {self.ttl_jitter}")
         if self.temperature_rule not in TEMPERATURE_RULES:

@@ -52,11 +52,6 @@ class ExactCache:
             while len(self.memory) > self.max_entries:
                 self.memory.popitem()
 
-    def put(self, entry: Entry) -> None:
-        """Write through: store, then memory."""
-        self.store.put(entry)
-        self.remember(entry)
-
     def forget(self, entry_ids: list[str]) -> None:
         """Drop entries from memory (the caller deletes them from the store)."""
         with self.lock:

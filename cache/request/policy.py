@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import unicodedata
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -89,12 +90,12 @@ class Policy:
 
     def bypass_reason(self, text: str) -> str | None:
         """The first bypass class whose rules match text (real-time, money, legal, security, ...), else None."""
-        text = text.casefold()
+        text = _classified(text)
         return next((name for name, rx in self.bypass_rules if rx.search(text)), None)
 
     def ttl_class(self, text: str) -> tuple[str, float]:
         """(class, ttl seconds) for a cacheable question: status 5 min, conceptual 30 d, factual 7 d, default 1 h."""
-        text = text.casefold()
+        text = _classified(text)
         return next(((name, ttl) for name, ttl, rx in self.ttl_rules if rx.search(text)), self.default)
 
     def ttl_of(self, name: str) -> float:
@@ -128,6 +129,12 @@ class Policy:
         semantic_lookup = lookup and semantic and req.mode != "exact-only"
         reason = ttl_class if lookup else ("no-cache" if req.no_cache else "refresh")
         return Decision(lookup, semantic_lookup, True, semantic, reason, ttl_class, ttl_s)
+
+
+def _classified(text: str) -> str:
+    """What the rules read: NFKC (full-width and other compatibility forms as plain ones) and case-folded. Keys keep
+    those differences, but the rules must not miss "ｂｉｔｃｏｉｎ ｐｒｉｃｅ" for it."""
+    return unicodedata.normalize("NFKC", text).casefold()
 
 
 def _positive(value: object) -> bool:

@@ -1,7 +1,8 @@
 """What the server hands the request cache, and what a hit hands back."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field, fields
 
 MODES = ("auto", "off", "exact-only", "refresh")
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -43,6 +44,32 @@ class CacheRequest:
             raise ValueError("client_id must be a str or None")
 
 
+@dataclass(slots=True, frozen=True)
+class AnswerMeta:
+    """What the server knows of an answer besides its text, stored with it and replayed with every hit, so that an
+    answer cut at max_tokens still says "length" when it comes from the cache."""
+
+    finish_reason: str                # "stop" | "length" | "tool_calls" | "content_filter" | ...
+    completion_tokens: int | None = None   # as generated (a filled-in personal template may differ by a few)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.finish_reason, str) or not self.finish_reason:
+            raise ValueError(f"finish_reason must be a non-empty str, got {self.finish_reason!r}")
+        tokens = self.completion_tokens
+        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0):
+            raise ValueError(f"completion_tokens must be an int >= 0 or None, got {tokens!r}")
+
+    def to_json(self) -> str:
+        """The stored form."""
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> AnswerMeta:
+        """Read the stored form; keys a later version added are ignored."""
+        data = json.loads(raw)
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
 @dataclass(slots=True)
 class CacheHit:
     """A served answer and where it came from, so the server can say so in headers."""
@@ -53,3 +80,4 @@ class CacheHit:
     entry_id: str
     age_s: float
     source: str | None = None         # "shared": the layer that answered the twin (miss = it was computed)
+    meta: AnswerMeta | None = None    # as the answer was computed (None: stored before meta existed, or warm-up)

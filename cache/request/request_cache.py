@@ -17,10 +17,12 @@ from strata.cache.request.keys import NotCacheable, RequestKey, build_key
 from strata.cache.request.normalize import normalize_text
 from strata.cache.request.pii import has_pii
 from strata.cache.request.policy import Decision, Policy
-from strata.cache.request.request import CacheHit, CacheRequest
+from strata.cache.request.request import AnswerMeta, CacheHit, CacheRequest
 from strata.cache.request.single_flight import RELEASED, Flight, SingleFlight
 from strata.cache.request.stats import CacheStats
 from strata.cache.request.store import Entry, SQLiteStore, Store
+from strata.cache.request.store_faults import StoreFaults
+from strata.cache.request.store_quota import EntryTooLarge
 from strata.cache.request.templating import fill_answer, has_placeholder, template_answer, template_request
 from strata.cache.request.write_back import WriteBack
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CacheHit", "CacheRequest", "Lookup", "RequestCache", "RequestCacheConfig"]
+__all__ = ["AnswerMeta", "CacheHit", "CacheRequest", "Lookup", "RequestCache", "RequestCacheConfig"]
 
 
 @dataclass(slots=True, eq=False)
@@ -52,15 +54,18 @@ class Lookup:
     flight: Flight | None = field(default=None, repr=False)
     done: bool = False
 
-    def complete(self, text: str, *, tags: tuple[str, ...] = ()) -> None:
-        """Hand the computed answer to waiting followers and to the background write (never blocks)."""
+    def complete(self, text: str, *, tags: tuple[str, ...] = (), meta: AnswerMeta | None = None) -> None:
+        """Hand the computed answer (and its finish reason and token count, replayed with every hit) to waiting
+        followers and to the background write (never blocks)."""
         if not isinstance(text, str):
             raise ValueError(f"complete() needs the answer text (str), got {type(text).__name__}")
         if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
             raise ValueError("tags must be a list or tuple of str")
+        if meta is not None and not isinstance(meta, AnswerMeta):
+            raise ValueError(f"meta must be an AnswerMeta or None, got {type(meta).__name__}")
         self._finish()
         if self.cache is not None:
-            self.cache._complete(self, text, tuple(tags))
+            self.cache._complete(self, text, tuple(tags), meta)
 
     def fail(self, exc: BaseException) -> None:
         """Release followers with the error (a cancellation lets them compute themselves); remember the failure briefly."""
@@ -92,6 +97,7 @@ class _Write:
     answer: str
     tags: tuple[str, ...]
     generation: int
+    meta: AnswerMeta | None = None
 
 
 class RequestCache:
@@ -110,12 +116,14 @@ class RequestCache:
         self.rng = rng or random.Random()
         self.policy = policy or Policy.load(config.policy_rules, temperature_rule=config.temperature_rule,
                                             default_temperature=config.default_temperature)
-        self.store = store if store is not None else SQLiteStore(config.db)
-        self.exact = ExactCache(self.store, config.max_entries, config.max_bytes, clock)
+        self.store = store if store is not None else SQLiteStore(
+            config.db, reset=config.db_reset, max_bytes=config.max_bytes, tenant_max_share=config.tenant_max_share)
+        self.exact = ExactCache(self.store, config.memory_max_entries, config.memory_max_bytes, clock)
         self.semantic = semantic
         self.flights = SingleFlight()
         self.guard = MissGuard(config.miss_window_s, config.miss_limit, config.negative_ttl_s, clock)
         self._stats = CacheStats(config.review_size)
+        self.faults = StoreFaults(self._stats, clock)   # a store that fails makes misses, never failed requests
         self.touched: dict[str, Entry] = {}       # hit counts not yet persisted
         self.touch_lock = threading.Lock()        # the event loop counts hits, the writer thread persists them
         self.generation = 0                       # bumped by invalidate(): writes queued before it are dropped
@@ -152,7 +160,7 @@ class RequestCache:
                 return Lookup("negative", "recent-failure", error=error, key=key, decision=decision)
             flight, leader = self.flights.join(key)
             if not leader:
-                outcome = await self._follow(flight, key, decision, similarity=None)
+                outcome = await self._follow(flight, req, key, decision, None)
                 if outcome is not None:
                     return outcome
                 continue
@@ -162,7 +170,7 @@ class RequestCache:
         """Memory on the event loop; the store (SQLite, which the writer thread may hold) in a worker thread."""
         entry = self.exact.get_memory(key.exact)
         if entry is None:
-            entry = await asyncio.to_thread(self.exact.get_stored, key.exact)
+            entry = await asyncio.to_thread(self.faults.call, "lookup", self.exact.get_stored, key.exact)
         text = self._serve(entry, req, key) if entry is not None else None
         if text is None:
             self._stats.count("exact.miss")
@@ -170,8 +178,8 @@ class RequestCache:
         now = self._touch(entry)
         age = max(0.0, now - entry.created_at)
         self._stats.observe_hit("exact", 1.0, age)
-        return Lookup("exact", decision.reason, CacheHit("exact", text, 1.0, entry.entry_id, age), key=key,
-                      decision=decision)
+        return Lookup("exact", decision.reason, CacheHit("exact", text, 1.0, entry.entry_id, age, meta=entry.meta),
+                      key=key, decision=decision)
 
     async def _lead(self, req: CacheRequest, key: RequestKey, decision: Decision, flight: Flight) -> Lookup:
         guarded = self.guard.marked(req.client_id, key)
@@ -200,40 +208,61 @@ class RequestCache:
             if text is None:
                 self._stats.count("semantic.rejected")
             else:
-                layer = "semantic" if match.tier == "serve" else "semantic-similar"
                 now = self._touch(entry)
-                age = max(0.0, now - entry.created_at)
-                self._stats.observe_hit(layer, match.similarity, age)
-                if layer == "semantic-similar" or match.similarity < self.config.review_below:
-                    self._stats.near_threshold.append({
-                        "time": now, "tenant": req.tenant, "query": key.text, "cached": entry.text,
-                        "similarity": match.similarity, "tier": match.tier, "entry_id": entry.entry_id})
-                flight.layer, flight.similarity = layer, match.similarity
+                found = self._semantic_lookup(req, key, decision, match, text, entry.entry_id,
+                                              max(0.0, now - entry.created_at), decision.reason, entry.meta)
+                flight.layer, flight.similarity, flight.meta = found.layer, match.similarity, entry.meta
                 self.flights.finish(flight, text)
-                return Lookup(layer, decision.reason, CacheHit(layer, text, match.similarity, entry.entry_id, age),
-                              key=key, decision=decision)
+                return found
         self._stats.count("semantic.miss")
-        neighbour = self.flights.neighbour(flight, self.config.follow_similarity)
-        if neighbour is None:
-            return None
-        found = await self._follow(neighbour[0], key, decision, similarity=neighbour[1])
-        flight.following = False
-        if found is not None and found.hit is not None:
-            flight.layer, flight.similarity = found.hit.layer, found.hit.similarity
+        found = await self._follow_neighbour(req, key, decision, flight)
+        if found is not None:
+            flight.layer, flight.similarity, flight.meta = found.hit.layer, found.hit.similarity, found.hit.meta
             self.flights.finish(flight, found.hit.text)
-            return found
-        return None
+        return found
+
+    async def _follow_neighbour(self, req: CacheRequest, key: RequestKey, decision: Decision,
+                                flight: Flight) -> Lookup | None:
+        """Wait for a pending request whose question the semantic layer would answer this one from, were it stored:
+        the same decision (SemanticCache.decide) as for stored entries, so nothing it would refuse is shared."""
+        pending = self.flights.pending(flight, self.semantic.min_similarity(key.text))[:self.semantic.top_k]
+        if not pending:
+            return None
+        by_id = {other.key.flight: other for other, _ in pending}
+        match = await asyncio.to_thread(self.semantic.decide, key.text,
+                                        [(other.key.flight, sim, other.key.text) for other, sim in pending])
+        if match is None or not self.flights.follow(flight, by_id[match.entry_id]):
+            return None
+        try:
+            return await self._follow(by_id[match.entry_id], req, key, decision, match)
+        finally:
+            flight.following = False
+
+    def _semantic_lookup(self, req: CacheRequest, key: RequestKey, decision: Decision, match: SemanticMatch,
+                         text: str, entry_id: str, age: float, reason: str, meta: AnswerMeta | None) -> Lookup:
+        """A served semantic answer, labelled by its tier, counted, and kept for review when near the threshold."""
+        layer = "semantic" if match.tier == "serve" else "semantic-similar"
+        self._stats.observe_hit(layer, match.similarity, age)
+        if layer == "semantic-similar" or match.similarity < self.config.review_below:
+            self._stats.near_threshold.append({
+                "time": self.clock(), "tenant": req.tenant, "query": key.text, "cached": match.cached_text,
+                "similarity": match.similarity, "tier": match.tier, "entry_id": entry_id})
+        return Lookup(layer, reason, CacheHit(layer, text, match.similarity, entry_id, age, meta=meta), key=key,
+                      decision=decision)
 
     def _embed_and_search(self, key: RequestKey) -> tuple[np.ndarray, SemanticMatch | None, Entry | None]:
         """Embed, search and read the matched entry in one worker-thread hop: under load each hop waits for the GIL
         and a core again, and the entry may have to come from the store."""
         embedding = self.semantic.embed(key.text)
         match = self.semantic.lookup(key.text, key.partition, embedding)
-        return embedding, match, self.exact.get(match.entry_id) if match is not None else None
+        entry = self.faults.call("lookup", self.exact.get, match.entry_id) if match is not None else None
+        return embedding, match, entry
 
-    async def _follow(self, flight: Flight, key: RequestKey, decision: Decision, similarity: float | None) -> Lookup | None:
-        """Await a leader. similarity None: same literal request, its answer is ours. Otherwise a semantic
-        neighbour: its answer serves only if it is not personal or re-templates onto this request."""
+    async def _follow(self, flight: Flight, req: CacheRequest, key: RequestKey, decision: Decision,
+                      match: SemanticMatch | None) -> Lookup | None:
+        """Await a leader. match None: same literal request, its answer is ours. Otherwise a semantic neighbour the
+        semantic layer accepted: only an answer it computed serves (one it got from the cache answered its own
+        question, which was never compared with ours), and only if not personal or it re-templates onto ours."""
         try:
             outcome = await asyncio.wait_for(asyncio.shield(flight.future), self.config.follow_timeout_s)
         except TimeoutError:                # the leader hangs: drop its flight so the next request leads afresh
@@ -241,23 +270,23 @@ class RequestCache:
             self.flights.finish(flight, RELEASED)
             return None
         except Exception as exc:
-            if similarity is not None:
+            if match is not None:
                 return None
             self._stats.count("single_flight.error")
             return Lookup("negative", "leader-failed", error=exc, key=key, decision=decision)
         if outcome is RELEASED:
             return None
-        if similarity is None:              # same literal request: the answer the leader got, shared as it came
+        if match is None:                   # same literal request: the answer the leader got, shared as it came
             self._stats.count("single_flight.follower")
             self._stats.observe_hit("shared", flight.similarity, 0.0)
-            hit = CacheHit("shared", outcome, flight.similarity, key.exact, 0.0, source=flight.layer)
+            hit = CacheHit("shared", outcome, flight.similarity, key.exact, 0.0, source=flight.layer, meta=flight.meta)
             return Lookup("shared", "single-flight", hit, key=key, decision=decision)
-        text = self._retemplate(outcome, flight.key, key)
+        text = self._retemplate(outcome, flight.key, key) if flight.layer == "miss" else None
         if text is None:
             return None
         self._stats.count("single_flight.neighbour")
-        return Lookup("semantic", "single-flight", CacheHit("semantic", text, similarity, flight.key.exact, 0.0),
-                      key=key, decision=decision)
+        return self._semantic_lookup(req, key, decision, match, text, flight.key.exact, 0.0, "single-flight",
+                                     flight.meta)
 
     def _serve(self, entry: Entry, req: CacheRequest, key: RequestKey) -> str | None:
         """The entry's answer filled for this request, or None when it must not serve it (tenant, partition, expiry)."""
@@ -297,13 +326,14 @@ class RequestCache:
 
     # ---- write path ---------------------------------------------------------------------------------------
 
-    def _complete(self, lookup: Lookup, text: str, tags: tuple[str, ...]) -> None:
+    def _complete(self, lookup: Lookup, text: str, tags: tuple[str, ...], meta: AnswerMeta | None) -> None:
         if lookup.flight is not None:
+            lookup.flight.meta = meta
             self.flights.finish(lookup.flight, text)
         self.guard.forget_failure(lookup.key.flight)
         if not lookup.write or self.closed:
             return
-        job = _Write(lookup.key, lookup.decision, text, tags, self.generation)
+        job = _Write(lookup.key, lookup.decision, text, tags, self.generation, meta)
         if not self.writer.submit(job):
             self._stats.count("write.dropped")
 
@@ -332,8 +362,20 @@ class RequestCache:
             now = self.clock()
             ttl = job.decision.ttl_s * self.rng.uniform(1 - self.config.ttl_jitter, 1 + self.config.ttl_jitter)
             entry = Entry(key.exact, key.partition, key.tenant, key.model, key.text, answer, now, now + ttl,
-                          job.decision.ttl_class, job.tags, semantic=semantic, embedding=embedding)
-            self.exact.put(entry)
+                          job.decision.ttl_class, job.tags, semantic=semantic, embedding=embedding, meta=job.meta)
+            try:
+                evicted = self.store.put(entry)
+            except EntryTooLarge:
+                self._stats.count("write.skipped_too_large")
+                return False
+            except Exception as exc:
+                self.faults.report("write", exc)
+                self._stats.count("write.failed")
+                return False
+            self._forget([entry_id for entry_id, _ in evicted])
+            for _, reason in evicted:
+                self._stats.count(f"store.evicted_{reason}")
+            self.exact.remember(entry)
             if semantic:
                 self.semantic.add(entry.entry_id, key.text, key.partition, embedding)
         self._stats.count("write.written")
@@ -347,11 +389,16 @@ class RequestCache:
         return None
 
     def _persist_hits(self) -> None:
+        """Store pending hit counts; a store fault drops them (statistics, not answers)."""
         with self.touch_lock:
             touched, self.touched = self.touched, {}
             counts = [(entry.entry_id, entry.hits, entry.last_hit) for entry in touched.values()]
-        for entry_id, hits, last_hit in counts:
-            self.store.touch(entry_id, hits, last_hit)
+
+        def touch_all() -> None:
+            for entry_id, hits, last_hit in counts:
+                self.store.touch(entry_id, hits, last_hit)
+
+        self.faults.call("touch", touch_all)
 
     # ---- maintenance --------------------------------------------------------------------------------------
 
@@ -362,13 +409,19 @@ class RequestCache:
         if now - self.last_purge >= 60.0:
             self.last_purge = now
             with self.write_lock:
-                self._remove(self.store.expired(now))
+                self.faults.call("purge", self._purge, now)
+
+    def _purge(self, now: float) -> None:
+        self._remove(self.store.expired(now))
 
     def _load(self) -> None:
-        """Drop expired entries, then rebuild the semantic index from stored embeddings (re-embed on a mismatch)."""
-        self._remove(self.store.expired(self.clock()))
-        if self.semantic is None:
-            return
+        """Drop expired entries, then rebuild the semantic index from stored embeddings (re-embed on a mismatch).
+        A store that fails meanwhile leaves the index partial and the cache degraded, not the server down."""
+        self.faults.call("purge", self._purge, self.clock())
+        if self.semantic is not None:
+            self.faults.call("load", self._index_stored)
+
+    def _index_stored(self) -> None:
         for entry in self.store.entries():
             if not entry.semantic:
                 continue
@@ -379,11 +432,15 @@ class RequestCache:
 
     def _remove(self, entry_ids) -> int:
         entry_ids = list(entry_ids)
+        self._forget(entry_ids)
+        return self.store.delete(entry_ids)
+
+    def _forget(self, entry_ids: list[str]) -> None:
+        """Drop entries from the memory layer and the semantic index (the store no longer has them)."""
         self.exact.forget(entry_ids)
         if self.semantic is not None:
             for entry_id in entry_ids:
                 self.semantic.remove(entry_id)
-        return self.store.delete(entry_ids)
 
     def invalidate(self, *, entry_id: str | None = None, tag: str | None = None, partition: str | None = None,
                    model: str | None = None, similar_to: str | None = None, min_similarity: float = 0.9,
@@ -395,11 +452,7 @@ class RequestCache:
         """
         if all(v is None for v in (entry_id, tag, partition, model, similar_to, tenant)):
             raise ValueError("invalidate() needs at least one of entry_id, tag, partition, model, similar_to, tenant")
-        candidates: set[str] | None = None
-        if any(v is not None for v in (tag, partition, model, tenant)):
-            candidates = set(self.store.ids(tag=tag, partition=partition, model=model, tenant=tenant))
-        if entry_id is not None:
-            candidates = {entry_id} if candidates is None else candidates & {entry_id}
+        candidates: set[str] | None = {entry_id} if entry_id is not None else None
         if similar_to is not None:
             if self.semantic is None:
                 raise ValueError("invalidate(similar_to=...) needs the semantic layer")
@@ -408,9 +461,13 @@ class RequestCache:
             text = template_request(normalize_text(similar_to)).text
             similar = set(self.semantic.similar_ids(text, min_similarity, None))
             candidates = similar if candidates is None else candidates & similar
-        with self.write_lock:
-            self.generation += 1
-            return self._remove(candidates)
+        with self.faults.watch("delete"):       # an admin must not be told it worked: a store fault propagates
+            if any(v is not None for v in (tag, partition, model, tenant)):
+                matching = set(self.store.ids(tag=tag, partition=partition, model=model, tenant=tenant))
+                candidates = matching if candidates is None else candidates & matching
+            with self.write_lock:
+                self.generation += 1
+                return self._remove(candidates)
 
     def warmup(self, records: Iterable[dict], *, tenant: str = "default", model: str | None = None,
                sampling: dict | None = None) -> int:
@@ -449,17 +506,27 @@ class RequestCache:
     def stats(self) -> dict:
         """Counters per layer (exact/semantic/bypass/single_flight/write/...), similarity and hit-age histograms, sizes."""
         snap = self._stats.snapshot()
-        snap["entries"] = {"memory": len(self.exact), "store": len(self.store),
+        usage = self.store.usage()
+        snap["entries"] = {"memory": len(self.exact), "store": usage["entries"],
                            "semantic": len(self.semantic) if self.semantic is not None else 0}
         snap["write_queue"] = {"pending": self.writer.queue.qsize(), "errors": self.writer.errors}
+        snap["store_bytes"] = {"used": usage["bytes"], "max": usage["max_bytes"],
+                               "tenant_max": usage["tenant_max_bytes"], "tenants": usage["tenants"]}
         return snap
 
     def health(self) -> dict:
-        """{"status": "ok" | "degraded", "reason"}: degraded while the background writer reports errors."""
-        errors = self.writer.errors
-        if errors:
-            return {"status": "degraded", "reason": f"{errors} background write error(s)"}
-        return {"status": "ok", "reason": ""}
+        """{"status": "ok" | "degraded", "reason": str} for /health: degraded while store faults are recent (lookups
+        miss, writes are lost), while the write queue is full (answers are dropped), or once the writer failed
+        otherwise (a bug: it stays until restart). Reads no store: loop-safe."""
+        reasons = []
+        faults = self.faults.recent()
+        if faults:
+            reasons.append(f"{faults} store fault(s) in the last {self.faults.recent_s:.0f} s, latest {self.faults.last}")
+        if self.writer.queue.full():
+            reasons.append(f"write queue full ({self.writer.queue.maxsize} pending): answers are not being stored")
+        if self.writer.errors:
+            reasons.append(f"{self.writer.errors} background write error(s)")
+        return {"status": "degraded" if reasons else "ok", "reason": "; ".join(reasons)}
 
     def review(self, limit: int = 50) -> list[dict]:
         """The latest near-threshold semantic hits (newest first), for a human to judge."""
@@ -479,4 +546,4 @@ class RequestCache:
         self.closed = True
         self.writer.close()
         self._persist_hits()
-        self.store.close()
+        self.faults.call("close", self.store.close)

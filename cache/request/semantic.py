@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,7 +70,7 @@ class ThresholdTable:
 
 @dataclass(slots=True)
 class SemanticMatch:
-    """A served semantic hit: which entry, how close, and in which tier ("serve" or "similar")."""
+    """A served semantic hit: which candidate (a stored entry, or a pending request), how close, in which tier."""
 
     entry_id: str
     similarity: float
@@ -166,20 +167,33 @@ class SemanticCache:
             return [(eid, sim, self._entries[eid].text) for eid, sim in found]
 
     def lookup(self, text: str, partition: str, embedding: np.ndarray | None = None) -> SemanticMatch | None:
-        """Best candidate that clears the cosine floor and the verifier, tiered; None means compute."""
+        """The stored question that may answer this one (see decide), tiered; None means compute."""
+        return self.decide(text, self.candidates(text, partition, embedding))
+
+    def decide(self, text: str, candidates: Iterable[tuple[str, float, str]]) -> SemanticMatch | None:
+        """Which of these (id, cosine, question) candidates may answer `text`, and in which tier; None: none may.
+
+        The one place that decides, for stored entries (lookup) and for pending requests (single-flight) alike:
+        the cosine floor, the second stage (contrast guard + verifier) and the tiers. The candidate with the highest
+        P(same) wins; without a verifier, the closest one.
+        """
         t = self.thresholds.for_text(text)
         best: SemanticMatch | None = None
-        for eid, sim, cached in self.candidates(text, partition, embedding):
+        for cid, sim, cached in sorted(candidates, key=lambda c: -c[1]):
             if sim < t.similar:
                 break
             if self.verifier is None:
-                return SemanticMatch(eid, sim, "serve" if sim >= t.serve else "similar", cached)
+                return SemanticMatch(cid, sim, "serve" if sim >= t.serve else "similar", cached)
             p = self.verifier.score(text, cached, sim)
             if p < t.verify_similar or (best is not None and p <= best.verifier_p):
                 continue
             tier = "serve" if sim >= t.serve and p >= t.verify_serve else "similar"
-            best = SemanticMatch(eid, sim, tier, cached, p)
+            best = SemanticMatch(cid, sim, tier, cached, p)
         return best
+
+    def min_similarity(self, text: str) -> float:
+        """The cosine below which decide() accepts nothing for `text`: callers may drop such candidates first."""
+        return self.thresholds.for_text(text).similar
 
     def similar_ids(self, text: str, min_similarity: float, partition: str | None = None) -> list[str]:
         """Ids of entries at cosine >= min_similarity (for invalidation), across all partitions when none is given."""

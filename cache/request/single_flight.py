@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from strata.cache.request.keys import RequestKey
+from strata.cache.request.request import AnswerMeta
 
 RELEASED = object()     # the leader gave up without an answer (cancelled): followers retry on their own
 
@@ -22,6 +23,7 @@ class Flight:
     following: bool = False     # its leader waits on another flight: nobody may wait on it in turn (no cycles)
     layer: str = "miss"         # how the leader got its answer (a cache layer, or "miss": computed)
     similarity: float = 1.0     # the leader's hit similarity (1.0 when it computed), passed on to its followers
+    meta: AnswerMeta | None = None  # the answer's finish reason and token count, passed on with it
 
 
 class SingleFlight:
@@ -40,20 +42,25 @@ class SingleFlight:
         flight = self.flights[key.flight] = Flight(key, loop.create_future())
         return flight, True
 
-    def neighbour(self, flight: Flight, min_similarity: float) -> tuple[Flight, float] | None:
-        """The most similar other pending flight in the same partition at or above min_similarity, if any;
-        the caller's flight is then marked as following it."""
-        best: tuple[Flight, float] | None = None
+    def pending(self, flight: Flight, min_similarity: float) -> list[tuple[Flight, float]]:
+        """Other pending flights of flight's partition that may be waited on, at cosine >= min_similarity to it,
+        closest first. Whether one may answer flight is the semantic layer's decision, not this one's."""
+        found = []
         for other in self.flights.values():
             if other is flight or other.following or other.embedding is None or other.key.partition != flight.key.partition:
                 continue
             similarity = float(np.dot(other.embedding, flight.embedding))
-            if similarity >= min_similarity and (best is None or similarity > best[1]):
-                best = (other, similarity)
-        if best is not None:
-            best[0].followers += 1
-            flight.following = True
-        return best
+            if similarity >= min_similarity:
+                found.append((other, similarity))
+        return sorted(found, key=lambda pair: -pair[1])
+
+    def follow(self, flight: Flight, other: Flight) -> bool:
+        """Mark flight as waiting on other; False when other now waits on a flight itself (no cycles, no chains)."""
+        if other.following:
+            return False
+        other.followers += 1
+        flight.following = True
+        return True
 
     def finish(self, flight: Flight, outcome: object) -> None:
         """Resolve a flight with a text, RELEASED, or an exception; safe to call from another thread."""

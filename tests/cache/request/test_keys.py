@@ -14,36 +14,90 @@ def req(text="What is the capital of France?", *, tenant="default", model="m@1",
     return CacheRequest(tenant, model, messages, sampling or {"temperature": 0})
 
 
-def test_normalize_width_whitespace_newlines():
-    assert normalize_text("ＡＢＣ１２３，ｈｅｌｌｏ") == "ABC123,hello"
+def test_normalize_whitespace_newlines_and_cjk_punctuation():
     assert normalize_text("  a \t b\u3000c  ") == "a b c"
     assert normalize_text("a\r\nb\rc") == "a\nb\nc"
-    assert normalize_text("a\n\n\n\n b") == "a\n\nb"
+    assert normalize_text("\n \n  x = 1\n    y = 2  \n\n") == "  x = 1\n    y = 2"     # indentation is kept
+    # The old rules merged these (NFKC, per-line stripping, blank-line runs): each pair can want different answers.
+    assert normalize_text("ＡＢＣ１２３，ｈｅｌｌｏ") == "ＡＢＣ１２３，ｈｅｌｌｏ"
+    assert normalize_text("a\n\n\n\n b") == "a\n\n\n\n b"
+    assert normalize_text("怎么重置密码？！") == "怎么重置密码?!"                       # an input method's width
+    assert normalize_text("Why does print（1）fail？") == "Why does print（1）fail？"
+    assert normalize_text("What does print('a  b')  print?") == "What does print('a  b') print?"
     assert normalize_text("Paris", casefold=True) == "paris"
     assert normalize_text("Paris") == "Paris"
     with pytest.raises(ValueError):
         normalize_text(None)
 
 
-@given(st.text())
-def test_normalize_is_idempotent(text):
-    once = normalize_text(text, casefold=True)
-    assert normalize_text(once, casefold=True) == once
+@given(st.text(), st.booleans())
+def test_normalize_is_idempotent(text, casefold):
+    once = normalize_text(text, casefold=casefold)
+    assert normalize_text(once, casefold=casefold) == once
 
 
-@given(st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=40))
-def test_full_width_and_extra_spaces_share_the_key(text):
-    full_width = "".join(chr(ord(c) + 0xFEE0) for c in text)      # U+FF01..U+FF5E
-    assert build_key(req(text)).exact == build_key(req(f"  {full_width} \r\n")).exact
+# Characters that NFKC folds onto ASCII letters and digits but that a question can mean literally (x² vs x2).
+_DIGIT_TWINS = {str(d): [chr(0xFF10 + d), "⁰¹²³⁴⁵⁶⁷⁸⁹"[d], "₀₁₂₃₄₅₆₇₈₉"[d]] for d in range(10)}
+_LETTER_TWINS = {c: [chr(ord(c) + 0xFEE0)] for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"}
+_TWINS = _DIGIT_TWINS | _LETTER_TWINS
+_WORD = st.text(st.sampled_from(sorted(_TWINS) + list("?!.,-+=()")), min_size=1, max_size=8)
+
+
+@given(st.lists(_WORD, min_size=1, max_size=6), st.data())
+def test_compatibility_forms_never_share_a_key(words, data):
+    text = " ".join(words)
+    at = data.draw(st.sampled_from([i for i, c in enumerate(text) if c in _TWINS]) if any(c in _TWINS for c in text)
+                   else st.nothing())
+    twin = data.draw(st.sampled_from(_TWINS[text[at]]))
+    assert build_key(req(text)).exact != build_key(req(text[:at] + twin + text[at + 1:])).exact
+
+
+_LINE = st.text(st.characters(blacklist_categories=("Cs", "Zl", "Zp"), blacklist_characters="\r\n\x0b\x0c\x1c\x1d\x1e\x85"),
+                max_size=20).map(str.strip).filter(bool)
+
+
+@given(st.lists(_LINE, min_size=2, max_size=5), st.data())
+def test_indentation_inside_a_multi_line_prompt_is_never_touched(lines, data):
+    indents = data.draw(st.lists(st.sampled_from(["", " ", "  ", "    ", "\t"]), min_size=len(lines), max_size=len(lines)))
+    i = data.draw(st.integers(0, len(lines) - 1))
+    other = list(indents)
+    other[i] = data.draw(st.sampled_from([x for x in ["", " ", "  ", "    ", "\t", "\t "] if x != indents[i]]))
+
+    def program(ind):
+        return "\n".join(p + line for p, line in zip(ind, lines, strict=True))
+
+    assert build_key(req(program(indents))).exact != build_key(req(program(other))).exact
+    assert normalize_text(program(indents)) == program(indents).rstrip()
+
+
+_PROSE_WORD = st.text(st.characters(whitelist_categories=("L", "N"), whitelist_characters="?!.,-"), min_size=1, max_size=10)
+_GAP = st.text(st.sampled_from([" ", "\t", "\u3000", "\u00a0"]), min_size=1, max_size=3)
+
+
+@given(st.lists(_PROSE_WORD, min_size=1, max_size=8), st.data())
+def test_whitespace_only_prose_differences_share_a_key(words, data):
+    gaps = data.draw(st.lists(_GAP, min_size=len(words) - 1, max_size=len(words) - 1))
+    outer = data.draw(st.tuples(st.sampled_from(["", " ", "\n", "\t\u3000", " \r\n "]), st.sampled_from(["", " ", "\n", "\r\n\n"])))
+    spaced = outer[0] + words[0] + "".join(g + w for g, w in zip(gaps, words[1:], strict=True)) + outer[1]
+    assert build_key(req(spaced)).exact == build_key(req(" ".join(words))).exact
 
 
 def test_same_question_typed_differently_shares_key():
     a = build_key(req("What is the capital of France?"))
-    b = build_key(req("  What is the capital\tof France？ "))   # full-width question mark, extra spaces
+    b = build_key(req("  What is the capital\tof France? \n"))        # extra and odd spaces, a trailing newline
     assert a.exact == b.exact
+    # A full-width "？" after Latin text used to fold too; it now keeps its width (it may be what is asked about),
+    # and the semantic layer serves that variant.
+    assert build_key(req("What is the capital of France？")).exact != a.exact
+    assert build_key(req("巴黎是哪个国家的首都？")).exact == build_key(req("巴黎是哪个国家的首都?")).exact
     assert build_key(req("what is the capital of france?"), casefold=True).exact == \
         build_key(req("What Is The Capital Of France?"), casefold=True).exact
     assert build_key(req("what is the capital of france?")).exact != a.exact   # no folding by default
+
+
+def test_full_width_personal_data_is_still_templated():
+    key = build_key(req("My email is ｂｏｂ＠ｅｘａｍｐｌｅ．ｃｏｍ, write a greeting"))
+    assert key.personal and "ｂｏｂ" not in key.text and key.values == {"\u27e6EMAIL_1\u27e7": "ｂｏｂ＠ｅｘａｍｐｌｅ．ｃｏｍ"}
 
 
 def test_everything_that_changes_the_answer_changes_the_key():

@@ -6,6 +6,7 @@ import pytest
 from strata.cache.request.keys import build_key
 from strata.cache.request.policy import Policy
 from strata.cache.request.request import CacheRequest
+from strata.server.bench.data_files import packaged
 
 
 def decide(policy, text, sampling=None, **flags):
@@ -29,6 +30,18 @@ def policy():
 def test_bypass_classes(policy, text, reason):
     d = decide(policy, text)
     assert d.bypass and not d.write and d.reason == reason
+
+
+def test_full_width_questions_are_classified_like_half_width_ones(policy):
+    """Keys keep the width now (ｘ２ is not x2), so the rules read an NFKC view: a question typed with an input
+    method must not slip past a bypass class."""
+    rows = [json.loads(line) for line in packaged("bypass_queries.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["why"] != "pii" and any("!" <= c <= "~" for c in r["query"])]
+    assert len(rows) >= 30
+    for r in rows:
+        wide = "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in r["query"])
+        narrow = decide(policy, r["query"])
+        assert narrow.bypass and decide(policy, wide).reason == narrow.reason, r
 
 
 @pytest.mark.parametrize("text, ttl_class, ttl_s", [

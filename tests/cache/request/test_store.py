@@ -47,8 +47,8 @@ def test_round_trip_and_filters(tmp_path):
 def test_missing_folders_are_created_and_bad_files_are_a_value_error(tmp_path):
     SQLiteStore(str(tmp_path / "a" / "b" / "c.db")).close()
     assert (tmp_path / "a" / "b" / "c.db").exists()
-    (tmp_path / "junk.db").write_bytes(b"this is not a database" * 100)
-    with pytest.raises(ValueError, match="cannot open"):
+    (tmp_path / "junk.db").write_bytes(b"this is not a database" * 100)     # damaged: says so, and what to do
+    with pytest.raises(ValueError, match=r"junk.db is corrupt \(file is not a database\); move it aside.*--cache-db-reset"):
         SQLiteStore(str(tmp_path / "junk.db"))
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="cannot open"):
