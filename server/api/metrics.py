@@ -154,6 +154,22 @@ def _cache_families(stats: dict):
         for value, n in counters.get(key, {}).items():
             family.add_metric([value], n)
         yield family
+    store = counters.get("store", {})
+    yield CounterMetricFamily("strata_cache_store_errors", "Request-cache store operations that failed (served as "
+                              "misses)", value=store.get("error", 0))
+    evicted = CounterMetricFamily("strata_cache_store_evictions", "Entries evicted to keep the store within its "
+                                  "bounds", labels=["reason"])
+    for reason in ("expired", "tenant_lru", "lru"):
+        evicted.add_metric([reason], store.get(f"evicted_{reason}", 0))
+    yield evicted
+    used = stats.get("store_bytes", {})
+    store_bytes = GaugeMetricFamily("strata_cache_store_bytes", "Bytes of stored answers, by tenant", labels=["tenant"])
+    for tenant, n in used.get("tenants", {}).items():
+        store_bytes.add_metric([tenant], n)
+    yield store_bytes
+    if "max" in used:
+        yield GaugeMetricFamily("strata_cache_store_max_bytes", "The store's byte bound (--cache-max-bytes)",
+                                value=used["max"])
     entries = GaugeMetricFamily("strata_request_cache_entries", "Stored answers by tier", labels=["tier"])
     for tier, n in stats["entries"].items():
         entries.add_metric([tier], n)

@@ -2,16 +2,16 @@
 the engine and hand the finished text back to the cache (write-back happens off the response path)."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from functools import lru_cache
 
-from strata.cache.request.request_cache import CacheRequest, Lookup, RequestCache
+from strata.cache.request.request_cache import AnswerMeta, CacheRequest, Lookup, RequestCache
 from strata.server.api.config import ServerConfig
 from strata.server.api.errors import APIError
-from strata.server.api.prompts import PromptTokens, PromptTooLong
+from strata.server.api.prompts import INLINE_CHARS, PromptTokens, PromptTooLong
 from strata.server.api.protocol import ChatCompletionRequest, CompletionRequest, usage
 from strata.server.engine.engine_client import EngineClient, EngineRequestFailed, EngineUnavailable
 from strata.server.engine.input_processor import RequestError
@@ -81,7 +81,6 @@ class Completer:
         self.config = config
         self.model_key = self.info.model_key
         self.prompts = PromptTokens(engine.inputs)
-        self.count_tokens = lru_cache(maxsize=4096)(self._count_tokens)
 
     async def answer(self, req: ChatCompletionRequest | CompletionRequest, tenant: str, cache_control: str,
                      client_id: str | None, started: float) -> Answer:
@@ -103,7 +102,7 @@ class Completer:
         self.prompts.remember(chat, turns, ids)
         lookup = await self._lookup(req, tenant, messages, cache_control, client_id, chat)
         if lookup is not None and lookup.hit is not None:
-            return self._replay(req, lookup, len(ids), started)
+            return await self._replay(req, lookup, len(ids), started)
         if lookup is not None and lookup.error is not None:
             err = lookup.error
             raise APIError(400, str(err)) if isinstance(err, RequestError) else err
@@ -124,6 +123,12 @@ class Completer:
             raise exc if isinstance(exc, APIError) else APIError(400, str(exc)) from None
         answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer)
         return answer
+
+    async def count_tokens(self, text: str) -> int:
+        """Tokens of a text (an answer stored without its count, a note): long texts in a worker thread."""
+        if len(text) <= INLINE_CHARS:
+            return self._count_tokens(text)
+        return await asyncio.to_thread(self._count_tokens, text)
 
     def _count_tokens(self, text: str) -> int:
         tokenizer = self.inputs.tokenizer
@@ -163,14 +168,22 @@ class Completer:
             raise APIError(400, str(exc)) from None
         return await self.cache.lookup(creq)
 
-    def _replay(self, req, lookup: Lookup, prompt_tokens: int, started: float) -> Answer:
+    async def _replay(self, req, lookup: Lookup, prompt_tokens: int, started: float) -> Answer:
+        """A cached answer as it was first served: its finish reason ("length" stays "length") and token count come
+        from the stored metadata; entries without it (older files, warm-up) say "stop" and are counted here."""
         hit = lookup.hit
         text = hit.text
+        meta = hit.meta
+        tokens = meta.completion_tokens if meta is not None and meta.completion_tokens is not None else None
+        if tokens is None:
+            tokens = await self.count_tokens(text)
         similar = "semantic-similar" in (hit.layer, hit.source)
         if similar and (self.config.similar_note if req.similar_note is None else req.similar_note):
-            text = SIMILAR_NOTE.format(hit.similarity) + text
+            note = SIMILAR_NOTE.format(hit.similarity)
+            text, tokens = note + text, tokens + await self.count_tokens(note)
         answer = Answer(hit.layer, lookup.reason, hit.similarity, prompt_tokens, cached_text=text,
-                        finish_reason="stop", completion_tokens=self.count_tokens(text), started=started)
+                        finish_reason=meta.finish_reason if meta is not None else "stop", completion_tokens=tokens,
+                        started=started)
         answer.mark_first()
         return answer
 
@@ -200,7 +213,7 @@ class Completer:
                 lookup.fail(exc)
             raise
         if lookup is not None:
-            lookup.complete(text, tags=tags)
+            lookup.complete(text, tags=tags, meta=AnswerMeta(answer.finish_reason, answer.completion_tokens))
 
 
 def unavailable(exc: EngineUnavailable) -> APIError:

@@ -181,3 +181,27 @@ def test_exact_hits_stay_fast_while_long_prompts_are_tokenized(server):
     assert [r.status_code for r in refused] == [400] * 4
     assert all(r.json()["error"]["code"] == "context_length_exceeded" for r in refused)
     assert statistics.median(times) < 0.05, f"exact hit p50 {statistics.median(times) * 1e3:.1f} ms"
+
+
+def test_a_cut_answer_replays_as_cut_with_its_usage(server):
+    """max_tokens 3 ends with "length"; the cached copy says "length" too, with the same token count."""
+    body = chat(server, "Describe the sea in detail.", max_tokens=3, temperature=0)
+    first = post(server, body).json()
+    server.settle()
+    again = post(server, body)
+    assert again.headers["x-strata-cache"] == "exact"
+    assert first["choices"][0]["finish_reason"] == again.json()["choices"][0]["finish_reason"] == "length"
+    assert again.json()["usage"]["completion_tokens"] == first["usage"]["completion_tokens"] == 3
+    streamed = post(server, dict(body, stream=True))
+    finishes = [json.loads(line[6:])["choices"][0]["finish_reason"] for line in streamed.text.splitlines()
+                if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+    assert finishes[-1] == "length"
+
+
+def test_store_errors_and_bytes_are_in_metrics(server):
+    post(server, chat(server, "Name a river.", temperature=0))
+    server.settle()
+    with server.http(ADMIN) as http:
+        text = http.get("/metrics").text
+    assert "strata_cache_store_errors_total 0.0" in text
+    assert 'strata_cache_store_bytes{tenant="acme"}' in text and "strata_cache_store_max_bytes" in text
