@@ -173,3 +173,18 @@ def test_a_full_write_queue_is_degraded():
     assert health["status"] == "degraded" and "write queue full" in health["reason"]
     cache.close()
     assert cache.health()["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_strata_serve_with_a_damaged_file_prints_one_line_and_exits_2(tmp_path):
+    import subprocess
+    import sys
+
+    db = filled(tmp_path)
+    overwrite_page(db, "entries_partition")
+    res = subprocess.run([sys.executable, "-m", "strata.server.cli", "serve", "--port", "0", "--cache-db", str(db),
+                          "--load-format", "dummy", "--model-config", "tiny-llama", "--cache-embedder", "none"],
+                         capture_output=True, text=True, timeout=300)
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 2 and last.startswith("error: ") and str(db) in last and "--cache-db-reset" in last
+    assert "Traceback" not in res.stderr
