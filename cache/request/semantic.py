@@ -1,8 +1,11 @@
-"""Semantic request cache: embed once, top-k in the request's partition, second-stage check, tiered decision."""
+"""Semantic request cache: embed once, top-k in the request's partition, second-stage check, tiered decision.
+
+The decision (decide) is one place: cosine top-k, then the cross-encoder on the closest candidates above a cosine
+floor, then the tiers certified for the user's error bound (calibration.py)."""
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,61 +15,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from cachetools import LRUCache
 
-from .contrast import is_cjk
+from .calibration import CALIBRATION_PATH, ScoredPairs, Tiers, TierTable, fit_tiers
 from .embedders import Embedder
 from .index import VectorIndex
-from .verifier import Verifier
 
 if TYPE_CHECKING:
     from .config import RequestCacheConfig
 
-THRESHOLDS_PATH = Path(__file__).with_name("data") / "semantic_thresholds.json"
-
-
-@dataclass(slots=True)
-class Thresholds:
-    """Per-embedder tier boundaries (cosine scales differ a lot between embedders); fitted by calibrate_semantic.py.
-
-    A candidate needs cosine >= similar and, with a verifier, P(same) >= verify_similar to be served as
-    "based on a similar question"; cosine >= serve and P(same) >= verify_serve serves it plainly.
-    """
-
-    serve: float
-    similar: float
-    verify_serve: float = 0.0
-    verify_similar: float = 0.0
-
-    def __post_init__(self):
-        if not -1.0 <= self.similar <= self.serve <= 1.0:
-            raise ValueError(f"need -1 <= similar <= serve <= 1, got similar={self.similar} serve={self.serve}")
-        if not 0.0 <= self.verify_similar <= self.verify_serve <= 1.0:
-            raise ValueError(f"need 0 <= verify_similar <= verify_serve <= 1, got {self.verify_similar}, {self.verify_serve}")
-
-    def for_text(self, text: str) -> Thresholds:
-        """One set for every language."""
-        return self
-
-
-@dataclass(slots=True)
-class ThresholdTable:
-    """Thresholds per script, fitted jointly: embedders score Chinese paraphrases on another cosine scale."""
-
-    en: Thresholds
-    zh: Thresholds
-
-    def for_text(self, text: str) -> Thresholds:
-        """The Chinese set when the question has Chinese characters, else the default (English) set."""
-        return self.zh if is_cjk(text) else self.en
-
-    @classmethod
-    def load(cls, embedder: str, second_stage: bool = True, path: Path = THRESHOLDS_PATH) -> ThresholdTable:
-        """Calibrated thresholds for this embedder (benchmarks/calibrate_semantic.py), with or without the verifier."""
-        table = json.loads(Path(path).read_text(encoding="utf-8"))
-        if embedder not in table:
-            raise KeyError(f"no calibrated thresholds for embedder {embedder!r} in {path} (have {sorted(table)})")
-        sets = table[embedder]["verified" if second_stage else "cosine_only"]
-        return cls(**{lang: Thresholds(**sets[lang]) for lang in ("en", "zh")})
-
+log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class SemanticMatch:
@@ -76,7 +32,7 @@ class SemanticMatch:
     similarity: float
     tier: str
     cached_text: str
-    verifier_p: float | None = None
+    score: float | None = None          # the second stage's logit (None: decided on cosine alone)
 
 
 @dataclass(slots=True)
@@ -88,15 +44,19 @@ class _Entry:
 class SemanticCache:
     """Nearest-neighbour lookup of earlier questions, one faiss index per partition so partitions never starve each other."""
 
-    def __init__(self, embedder: Embedder, thresholds: Thresholds | ThresholdTable, verifier: Verifier | None = None, *,
-                 top_k: int = 5, hnsw_min_size: int = 10_000, embed_cache_size: int = 4096):
-        if top_k < 1:
-            raise ValueError("top_k must be >= 1")
+    def __init__(self, embedder: Embedder, tiers: Tiers | TierTable, scorer=None, *, top_k: int = 5,
+                 rerank: int = 1, hnsw_min_size: int = 10_000, embed_cache_size: int = 4096):
+        """scorer: the second stage (cross_encoder.CrossEncoder: score(cached, query) -> logit) or None to decide on
+        cosine alone; rerank: how many of the closest candidates above the floor it reads at most."""
+        if top_k < 1 or rerank < 1:
+            raise ValueError("top_k and rerank must be >= 1")
         self.embedder = embedder
-        self.thresholds = thresholds
-        self.verifier = verifier
+        self.tiers = tiers
+        self.scorer = scorer
         self.top_k = top_k
+        self.rerank = rerank
         self.hnsw_min_size = hnsw_min_size
+        self.calibration: dict = {}            # what fit_tiers certified, per language (for logs, stats, /metrics)
         self._embeddings: LRUCache = LRUCache(maxsize=embed_cache_size)
         self._indexes: dict[str, VectorIndex] = {}
         self._entries: dict[str, _Entry] = {}
@@ -104,18 +64,37 @@ class SemanticCache:
         self._encode_lock = contextlib.nullcontext() if getattr(embedder, "concurrent", False) else threading.Lock()
 
     @classmethod
-    def create(cls, embedder: str = "auto", second_stage: bool = True, **kwargs) -> SemanticCache:
-        """The shipped configuration for a named embedder: its calibrated thresholds and, with second_stage, its verifier."""
+    def create(cls, embedder: str = "auto", second_stage: bool = True, max_error: float = 0.02,
+               calibration: str | Path | None = None, **kwargs) -> SemanticCache:
+        """The shipped semantic layer for a named embedder: its second stage (unless off) and the tiers that the
+        calibration pairs certify for the error bound max_error; a language nothing certifies is not served."""
+        from .cross_encoder import CrossEncoder, shared_cross_encoder
         from .embedders import load_embedder
 
         model = load_embedder(embedder)
-        verifier = Verifier.load(model.name) if second_stage else None
-        return cls(model, ThresholdTable.load(model.name, second_stage), verifier, **kwargs)
+        data = ScoredPairs.load(Path(calibration) if calibration else CALIBRATION_PATH)
+        scorer = None
+        if second_stage:    # a calibration file may bundle a second stage fitted to its own pairs
+            scorer = CrossEncoder(data.adapter) if data.adapter is not None else shared_cross_encoder()
+        if scorer is not None and data.meta.get("second_stage") != scorer.version:
+            raise ValueError(f"the calibration pairs were scored by second stage {data.meta.get('second_stage')!r}, "
+                             f"this one is {scorer.version!r}: run `strata calibrate` again")
+        tiers, report = fit_tiers(data, model.name, second_stage, max_error)
+        cache = cls(model, tiers, scorer, **kwargs)
+        cache.calibration = {"max_error": max_error, "second_stage": second_stage, "languages": report}
+        for lang, what in report.items():
+            if getattr(tiers, lang).off:
+                log.warning("semantic hits off for %s: no threshold keeps false hits within %.3f at 95%% confidence "
+                            "on the calibration pairs (%s)", lang, max_error, what)
+            else:
+                log.info("semantic tiers for %s: %s", lang, what)
+        return cache
 
     @classmethod
     def from_config(cls, config: RequestCacheConfig) -> SemanticCache:
         """The semantic layer a RequestCacheConfig describes."""
-        return cls.create(config.embedder, config.second_stage, top_k=config.semantic_top_k,
+        return cls.create(config.embedder, config.second_stage, config.semantic_max_error, config.semantic_calibration,
+                          top_k=config.semantic_top_k, rerank=config.semantic_rerank,
                           hnsw_min_size=config.hnsw_min_size, embed_cache_size=config.embed_cache_size)
 
     def __len__(self) -> int:
@@ -173,27 +152,37 @@ class SemanticCache:
     def decide(self, text: str, candidates: Iterable[tuple[str, float, str]]) -> SemanticMatch | None:
         """Which of these (id, cosine, question) candidates may answer `text`, and in which tier; None: none may.
 
-        The one place that decides, for stored entries (lookup) and for pending requests (single-flight) alike:
-        the cosine floor, the second stage (contrast guard + verifier) and the tiers. The candidate with the highest
-        P(same) wins; without a verifier, the closest one.
+        The one place that decides, for stored entries (lookup) and for pending requests (single-flight) alike.
+        With a second stage, the closest `rerank` candidates at cosine >= the language's floor are read together with
+        the question and the best certified score wins; without one, the closest candidate's cosine is the score.
         """
-        t = self.thresholds.for_text(text)
+        t = self.tiers.for_text(text)
+        if t.off:
+            return None
         best: SemanticMatch | None = None
+        read = 0
         for cid, sim, cached in sorted(candidates, key=lambda c: -c[1]):
-            if sim < t.similar:
+            if sim < self.min_similarity(text) or read >= self.rerank:
                 break
-            if self.verifier is None:
-                return SemanticMatch(cid, sim, "serve" if sim >= t.serve else "similar", cached)
-            p = self.verifier.score(text, cached, sim)
-            if p < t.verify_similar or (best is not None and p <= best.verifier_p):
-                continue
-            tier = "serve" if sim >= t.serve and p >= t.verify_serve else "similar"
-            best = SemanticMatch(cid, sim, tier, cached, p)
+            if self.scorer is None:
+                tier = t.tier(sim)
+                return SemanticMatch(cid, sim, tier, cached) if tier else None
+            score = self.scorer.score(cached, text)
+            read += 1
+            tier = t.tier(score)
+            if tier is not None and (best is None or score > best.score):
+                best = SemanticMatch(cid, sim, tier, cached, score)
         return best
+
+    def serves(self, text: str) -> bool:
+        """False where the error bound certified nothing for the text's language: a lookup could never hit, so the
+        caller skips embedding and search (the write still embeds, off the request path)."""
+        return not self.tiers.for_text(text).off
 
     def min_similarity(self, text: str) -> float:
         """The cosine below which decide() accepts nothing for `text`: callers may drop such candidates first."""
-        return self.thresholds.for_text(text).similar
+        t = self.tiers.for_text(text)
+        return t.floor if self.scorer is not None else t.similar
 
     def similar_ids(self, text: str, min_similarity: float, partition: str | None = None) -> list[str]:
         """Ids of entries at cosine >= min_similarity (for invalidation), across all partitions when none is given."""

@@ -170,6 +170,19 @@ def _cache_families(stats: dict):
     if "max" in used:
         yield GaugeMetricFamily("strata_cache_store_max_bytes", "The store's byte bound (--cache-max-bytes)",
                                 value=used["max"])
+    languages = stats.get("semantic", {}).get("languages", {})
+    if languages:
+        served = GaugeMetricFamily("strata_semantic_language_served", "1 when the error bound certified semantic hits "
+                                   "for a language (--semantic-max-error), else 0", labels=["language"])
+        cut = GaugeMetricFamily("strata_semantic_threshold", "Certified second-stage score threshold per language and "
+                                "tier", labels=["language", "tier"])
+        for lang, what in languages.items():
+            served.add_metric([lang], float(what.get("similar") is not None))
+            for tier in ("serve", "similar"):
+                if what.get(tier) is not None:
+                    cut.add_metric([lang, tier], what[tier])
+        yield served
+        yield cut
     entries = GaugeMetricFamily("strata_request_cache_entries", "Stored answers by tier", labels=["tier"])
     for tier, n in stats["entries"].items():
         entries.add_metric([tier], n)

@@ -133,14 +133,20 @@ def bench_cache_quality(
     pairs: Path | None = typer.Option(None, help="Pairs file: JSONL {cached, query, same, lang}, or a CSV/TSV/JSON "
                                                  "of the shared datasets."),
     bypass: Path | None = typer.Option(None, help="JSONL {query, why}: each asked twice; prints the bypass rate."),
+    split: str | None = typer.Option(None, help="Only this split (train, calib, val) of a shared data set's pairs."),
+    datasets: Path | None = typer.Option(None, help="The shared data sets, for --split (default: $STRATA_DATASETS, "
+                                                    "else ../shared/datasets beside the repository)."),
+    full_cache: bool = typer.Option(True, help="Also run the full-cache protocol (every cached question in one "
+                                               "cache), besides each pair alone."),
     as_json: bool = typer.Option(False, "--json"),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
 ) -> None:
-    """Semantic-cache quality: fill with every cached question, ask every query, report hit rate and precision."""
+    """Semantic-cache quality: each pair alone (the serve decision: hit rate, precision, false hits, per language
+    and tier, and the best any threshold reaches), and the full-cache protocol."""
     from strata.server.bench.cache_quality import run_cache_quality
 
     try:
-        result = run_cache_quality(pairs, bypass, cache)
+        result = run_cache_quality(pairs, bypass, cache, split, datasets, full_cache)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         _fail(str(exc))
     _emit(result, as_json, out)

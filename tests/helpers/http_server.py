@@ -1,7 +1,8 @@
 """Shared by the HTTP test modules: one uvicorn server per module, each with an engine process that builds its
 engine from ENGINE (no tests here).
 
-Semantic layers: the shipped default (real embedder, calibrated thresholds, verifier) for the end-to-end module;
+Semantic layers: the shipped one (real embedder, cross-encoder, tiers certified for an error bound) for the end-to-end
+module;
 the "hash" test embedder with fixed thresholds where a test needs a given tier (semantic vs semantic-similar).
 """
 from __future__ import annotations
@@ -16,9 +17,10 @@ import httpx
 import openai
 import torch
 
+from strata.cache.request.calibration import Tiers
 from strata.cache.request.embedders import HashEmbedder
 from strata.cache.request.request_cache import RequestCache, RequestCacheConfig
-from strata.cache.request.semantic import SemanticCache, Thresholds
+from strata.cache.request.semantic import SemanticCache
 from strata.server.api.app import create_app
 from strata.server.api.auth import Auth
 from strata.server.api.config import ServerConfig
@@ -68,13 +70,17 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
 
-def default_semantic() -> SemanticCache:
-    return SemanticCache.from_config(RequestCacheConfig())
+def default_semantic(max_error: float | None = None) -> SemanticCache:
+    """The shipped semantic layer; max_error: a looser bound than the default (--semantic-max-error)."""
+    config = RequestCacheConfig()
+    if max_error is not None:
+        config.semantic_max_error = max_error
+    return SemanticCache.from_config(config)
 
 
 def hash_semantic() -> SemanticCache:
     """Deterministic tiers: cosine >= 0.95 serves, >= 0.85 serves with the similar-question note."""
-    return SemanticCache(HashEmbedder(), Thresholds(0.95, 0.85))
+    return SemanticCache(HashEmbedder(), Tiers(serve=0.95, similar=0.85))
 
 
 FAST_RESTART = RestartPolicy(max_restarts=3, window_s=300, backoff_s=0.2, max_backoff_s=1.0)

@@ -41,6 +41,9 @@ class FakeSemantic:
         with self.lock:
             self.rows.pop(entry_id, None)
 
+    def serves(self, text):
+        return True
+
     def _scored(self, emb, partition):
         with self.lock:
             rows = list(self.rows.items())

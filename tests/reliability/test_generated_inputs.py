@@ -7,9 +7,10 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 
+from strata.cache.request.calibration import Tiers
 from strata.cache.request.embedders import HashEmbedder
 from strata.cache.request.request_cache import RequestCache, RequestCacheConfig
-from strata.cache.request.semantic import SemanticCache, Thresholds
+from strata.cache.request.semantic import SemanticCache
 from strata.server.api.app import create_app
 from strata.server.api.auth import Auth
 from strata.server.api.config import ServerConfig
@@ -26,7 +27,7 @@ def served_app(tiny_chat_model_dir):
                                        max_model_len=256, num_threads=1))
     engine.start()
     engine.wait_ready()
-    cache = RequestCache(RequestCacheConfig(), semantic=SemanticCache(HashEmbedder(), Thresholds(0.95, 0.85)))
+    cache = RequestCache(RequestCacheConfig(), semantic=SemanticCache(HashEmbedder(), Tiers(serve=0.95, similar=0.85)))
     app = create_app(engine, cache, auth=Auth(), config=ServerConfig(default_max_tokens=8))
     with serve_in_thread(app) as url:     # real HTTP: an in-process ASGI transport would run the app's shutdown
         yield url, engine.info.model_id

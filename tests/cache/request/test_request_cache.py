@@ -441,11 +441,12 @@ def test_broken_semantic_layer_degrades_to_exact_only():
 
 
 def test_with_the_real_semantic_cache(tmp_path):
-    semantic_mod = pytest.importorskip("strata.cache.request.semantic")
+    from strata.cache.request import semantic as semantic_mod
+    from strata.cache.request.calibration import Tiers
     from strata.cache.request.embedders import HashEmbedder
 
     def semantic():
-        return semantic_mod.SemanticCache(HashEmbedder(), semantic_mod.Thresholds(serve=0.97, similar=0.85))
+        return semantic_mod.SemanticCache(HashEmbedder(), Tiers(serve=0.97, similar=0.85))
 
     clock = Clock()
     cache = make(tmp_path, semantic=semantic(), clock=clock)
@@ -658,4 +659,38 @@ def test_store_reads_and_waits_stay_off_the_event_loop(tmp_path, caplog):
     slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
     assert not slow, slow
     assert ticks >= 10              # the loop kept running other work while the store was busy
+    cache.close()
+
+
+def test_a_language_the_bound_turned_off_is_never_embedded_on_the_request_path():
+    """zh off, en on: a Chinese paraphrase misses without an embedding at lookup (the write still embeds, for a
+    later recalibration), an English one is looked up and served."""
+    from strata.cache.request.calibration import OFF, Tiers, TierTable
+    from strata.cache.request.embedders import HashEmbedder
+    from strata.cache.request.semantic import SemanticCache
+
+    class Counting(HashEmbedder):
+        def __init__(self):
+            super().__init__()
+            self.texts = []
+
+        def encode(self, texts):
+            self.texts += texts
+            return super().encode(texts)
+
+    embedder = Counting()
+    semantic = SemanticCache(embedder, TierTable(en=Tiers(serve=0.99, similar=0.6), zh=Tiers(OFF, OFF)))
+    cache = make(semantic=semantic)
+    for first, second in (("北京有哪些好吃的餐厅", "北京有哪些好吃的餐厅呢"),
+                          ("which restaurants in Rome serve good pasta", "which restaurants in Rome serve good pasta?")):
+        run(answer(cache, chat(first)))
+        assert first in embedder.texts                     # written with its embedding either way
+        embedder.texts.clear()
+        lookup = run(cache.lookup(chat(second)))
+        if first.isascii():
+            assert lookup.layer in ("semantic", "semantic-similar") and embedder.texts == [second]
+        else:
+            assert lookup.layer == "miss" and embedder.texts == []
+            assert cache.stats()["counters"]["semantic"]["off"] == 2      # the first question's lookup, and this one
+        lookup.release()
     cache.close()

@@ -1,4 +1,4 @@
-"""Semantic cache unit tests: hash embedder (no model), faiss index behaviour, tiers, partitions, guard features."""
+"""Semantic cache unit tests: hash embedder (no model), faiss index behaviour, tiers, partitions, the second stage."""
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -6,12 +6,12 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from strata.cache.request.contrast import contrast
+from strata.cache.request.calibration import Tiers, TierTable
 from strata.cache.request.embedders import HashEmbedder, load_embedder
 from strata.cache.request.index import VectorIndex
-from strata.cache.request.semantic import SemanticCache, SemanticMatch, Thresholds, ThresholdTable
-from strata.cache.request.verifier import Verifier
-from strata.server.bench.cache_quality import Pair, evaluate_pairs, load_pairs, run_bypass
+from strata.cache.request.semantic import SemanticCache, SemanticMatch
+from strata.server.bench.cache_quality import evaluate_pairs, run_bypass
+from strata.server.tuning.pairs import Pair, load_pairs
 
 
 def unit(rng, n, d):
@@ -19,14 +19,15 @@ def unit(rng, n, d):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-class FixedVerifier:
-    """Verifier stand-in: P(same) is looked up by cached text."""
+class FixedScorer:
+    """Second-stage stand-in: the score is looked up by cached text; it counts what it reads."""
 
-    def __init__(self, probs):
-        self.probs = probs
+    def __init__(self, scores):
+        self.scores, self.read = scores, []
 
-    def score(self, query, cached, cosine):
-        return self.probs.get(cached, 0.0)
+    def score(self, cached, query):
+        self.read.append(cached)
+        return self.scores.get(cached, -10.0)
 
 
 def test_hash_embedder_rows_are_unit_and_deterministic():
@@ -42,13 +43,13 @@ def test_unknown_embedder_and_bad_input_are_clear_errors():
         load_embedder("word2vec")
     with pytest.raises(TypeError):
         HashEmbedder().encode("not a list")
-    cache = SemanticCache(HashEmbedder(), Thresholds(0.9, 0.8))
+    cache = SemanticCache(HashEmbedder(), Tiers(serve=0.9, similar=0.8))
     with pytest.raises(ValueError):
         cache.embed("   ")
     with pytest.raises(ValueError, match="dim"):
         cache.add("a", "q", "p", embedding=np.ones(3, np.float32))
     with pytest.raises(ValueError):
-        Thresholds(serve=0.8, similar=0.9)
+        Tiers(serve=0.8, similar=0.9)
 
 
 @pytest.mark.parametrize("hnsw_min_size", [10_000, 50])
@@ -70,7 +71,7 @@ def test_index_search_remove_and_hnsw_switch(hnsw_min_size):
 
 
 def test_lookup_tiers_and_partitions():
-    cache = SemanticCache(HashEmbedder(), Thresholds(serve=0.99, similar=0.5))
+    cache = SemanticCache(HashEmbedder(), Tiers(serve=0.99, similar=0.5))
     cache.add("e1", "how do I sort a list in python", "tenantA")
     hit = cache.lookup("how do I sort a list in python", "tenantA")
     assert hit == SemanticMatch("e1", pytest.approx(1.0, abs=1e-5), "serve", "how do I sort a list in python")
@@ -80,19 +81,36 @@ def test_lookup_tiers_and_partitions():
     assert cache.lookup("what is the weather in Paris tomorrow", "tenantA") is None
 
 
-def test_verifier_picks_best_candidate_and_can_reject_all():
-    cache = SemanticCache(HashEmbedder(), Thresholds(serve=0.95, similar=0.3, verify_serve=0.9, verify_similar=0.5),
-                          FixedVerifier({"enable two factor auth": 0.1, "turn on two factor auth": 0.8}), top_k=3)
+def test_second_stage_reads_the_closest_candidates_above_the_floor_and_the_best_score_wins():
+    scorer = FixedScorer({"turn on two factor auth": 2.5, "enable two factor auth": -1.0, "two factor": 9.0})
+    cache = SemanticCache(HashEmbedder(), Tiers(serve=3.0, similar=1.0, floor=0.3), scorer, top_k=5, rerank=2)
     cache.add("neg", "enable two factor auth", "p")
     cache.add("pos", "turn on two factor auth", "p")
+    cache.add("far", "two factor", "p")
     hit = cache.lookup("enable two factor auth please", "p")
-    assert hit.entry_id == "pos" and hit.tier == "similar" and hit.verifier_p == 0.8
-    cache.verifier = FixedVerifier({})
+    assert hit.entry_id == "pos" and hit.tier == "similar" and hit.score == 2.5
+    assert len(scorer.read) == 2 and "two factor" not in scorer.read      # rerank=2: the third is never read
+    scorer.scores["turn on two factor auth"] = 3.5
+    assert cache.lookup("enable two factor auth please", "p").tier == "serve"
+    scorer.scores.clear()
     assert cache.lookup("enable two factor auth please", "p") is None
+    scorer.read.clear()
+    cache.tiers = Tiers(serve=3.0, similar=1.0, floor=0.999)               # nothing above the floor: nothing read
+    assert cache.lookup("enable two factor auth please", "p") is None and scorer.read == []
+
+
+def test_a_language_nothing_certified_is_not_served():
+    off = float("inf")
+    table = TierTable(en=Tiers(serve=0.99, similar=0.5), zh=Tiers(serve=off, similar=off))
+    cache = SemanticCache(HashEmbedder(), table)
+    cache.add("en", "how do I sort a list", "p")
+    cache.add("zh", "怎么重置密码", "p")
+    assert cache.lookup("how do I sort a list", "p").entry_id == "en"
+    assert cache.lookup("怎么重置密码", "p") is None and cache.min_similarity("怎么重置密码") == off
 
 
 def test_remove_replace_and_similar_ids():
-    cache = SemanticCache(HashEmbedder(), Thresholds(0.99, 0.6))
+    cache = SemanticCache(HashEmbedder(), Tiers(serve=0.99, similar=0.6))
     cache.add("a", "reset my password", "p1")
     cache.add("b", "reset my password", "p2")
     assert sorted(cache.similar_ids("reset my password", 0.99)) == ["a", "b"]
@@ -112,71 +130,26 @@ def test_embedding_is_computed_once():
             calls.append(texts)
             return super().encode(texts)
 
-    cache = SemanticCache(Counting(), Thresholds(0.9, 0.8))
+    cache = SemanticCache(Counting(), Tiers(serve=0.9, similar=0.8))
     a = cache.embed("same text")
     cache.add("x", "same text", "p")
     cache.lookup("same text", "p")
     assert len(calls) == 1 and not a.flags.writeable
 
 
-@pytest.mark.parametrize("query,cached,feature", [
-    ("how to enable 2FA on github", "how to disable 2FA on github", "antonym_flip"),
-    ("如何开通会员", "如何关闭会员", "antonym_flip"),
-    ("download TensorFlow 2.12 wheels", "download TensorFlow 2.13 wheels", "number_mismatch"),
-    ("convert USD to EUR", "convert EUR to USD", "direction_swap"),
-    ("is python slow", "is python not slow", "negation_mismatch"),
-    ("price of iphone 16 (latest)", "price of iphone 16 in 2023", "temporal_mismatch"),
-    ("从上海到杭州坐高铁要多久", "从北京到上海坐高铁要多久", "endpoint_mismatch"),
-    ("张三把李四送到了医院", "李四把张三送到了医院", "cjk_reordered"),
-])
-def test_contrast_flags_what_cosine_misses(query, cached, feature):
-    assert contrast(query, cached, 0.95).as_dict()[feature] == 1.0
-    same = contrast(query, query, 0.95).as_dict()
-    assert same[feature] == 0.0 and same["content_jaccard"] == 1.0
-
-
-def test_guard_vetoes_conflicts_even_at_high_cosine():
-    verifier = Verifier.load("e5-small")
-    assert contrast("张三把李四送到了医院", "李四把张三送到了医院", 0.99).conflict == "cjk_reordered"
-    assert verifier.score("张三把李四送到了医院", "李四把张三送到了医院", 0.99) == 0.0
-    assert verifier.score("nginx vs apache for static files", "apache vs nginx for static files", 0.99) > 0.0
-
-
-def test_contrast_paraphrase_has_no_conflict():
-    c = contrast("Capital of Canada", "What is the capital city of Canada?", 0.9)
-    assert c.conflict is None and c.as_dict()["query_unmatched"] == 0.0
-    assert contrast("Capital of Canada", "Population of Canada", 0.9).as_dict()["max_unmatched"] == 0.5
-
-
-def test_threshold_table_routes_by_script():
-    table = ThresholdTable(en=Thresholds(0.99, 0.97), zh=Thresholds(0.9, 0.85))
+def test_tier_table_routes_by_script():
+    table = TierTable(en=Tiers(0.99, 0.97), zh=Tiers(0.9, 0.85))
     assert table.for_text("how do I reset my password") is table.en
-    assert table.for_text("怎么重置密码") is table.zh
-    shipped = ThresholdTable.load("e5-small")
-    assert shipped.en.similar != shipped.zh.similar and shipped.en.verify_similar > 0
-    with pytest.raises(KeyError, match="no calibrated thresholds"):
-        ThresholdTable.load("hash")
-
-
-def test_shipped_verifier_rejects_contrasts_and_keeps_paraphrases():
-    verifier = Verifier.load("e5-small")
-    cut = ThresholdTable.load("e5-small").en.verify_similar
-    paraphrase = verifier.score("how can I enable two factor auth", "how to enable two factor auth", 0.985)
-    assert paraphrase > cut
-    assert verifier.score("how can I enable two factor auth", "how to disable two factor auth", 0.985) < cut
-    assert verifier.score("download TensorFlow 2.12 wheels", "download TensorFlow 2.13 wheels", 0.985) < cut
-    assert verifier.score("convert USD to EUR", "convert EUR to USD", 0.985) < cut
-    with pytest.raises(KeyError):
-        Verifier.load("hash")
+    assert table.for_text("怎么重置密码") is table.zh and table.for_text("iPhone 16 多少钱") is table.zh
 
 
 def test_load_pairs_formats_and_errors(tmp_path):
     jsonl = tmp_path / "p.jsonl"
     jsonl.write_text('{"cached": "怎么改昵称", "query": "昵称在哪里改", "same": true}\n', encoding="utf-8")
-    assert load_pairs(jsonl) == [Pair("怎么改昵称", "昵称在哪里改", True, "zh")]
+    assert load_pairs(jsonl) == [Pair("怎么改昵称", "昵称在哪里改", True, "zh", "p")]
     tsv = tmp_path / "p.tsv"
     tsv.write_text("id\tsentence1\tsentence2\tlabel\n1\ta b\tb a\t0\n", encoding="utf-8")
-    assert load_pairs(tsv) == [Pair("a b", "b a", False, "en")]
+    assert load_pairs(tsv) == [Pair("a b", "b a", False, "en", "p")]
     bad = tmp_path / "p.txt"
     bad.write_text("x")
     with pytest.raises(ValueError, match="unknown pairs format"):
@@ -189,10 +162,10 @@ def test_load_pairs_formats_and_errors(tmp_path):
 
 
 def test_quality_bench_scores_hits_misses_and_wrong_entries():
-    pairs = [Pair("how do I sort a list in python", "how do I sort a list in python", True, "en"),
-             Pair("capital of france", "capital of france", False, "en"),          # a hit on a negative
-             Pair("weather in paris", "stock price of apple", True, "en")]         # a miss
-    result = evaluate_pairs(SemanticCache(HashEmbedder(), Thresholds(0.99, 0.9)), pairs)
+    pairs = [Pair("how do I sort a list in python", "how do I sort a list in python", True, "en", "t"),
+             Pair("capital of france", "capital of france", False, "en", "t"),          # a hit on a negative
+             Pair("weather in paris", "stock price of apple", True, "en", "t")]         # a miss
+    result = evaluate_pairs(SemanticCache(HashEmbedder(), Tiers(serve=0.99, similar=0.9)), pairs)
     assert (result["hit_rate"], result["false_hit_rate"], result["precision"]) == (0.5, 1.0, 0.5)
     assert result["by_tier"]["serve"] == {"hits": 2, "correct_hits": 1, "precision": 0.5}
     assert result["by_lang"]["en"]["pairs"] == 3
@@ -202,7 +175,7 @@ def test_bypass_bench_serves_cacheable_and_bypasses_realtime(tmp_path):
     path = tmp_path / "b.jsonl"
     path.write_text('{"query": "What is the capital of France?", "why": "control"}\n'
                     '{"query": "What time is it in Tokyo right now?", "why": "realtime"}\n')
-    out = asyncio.run(run_bypass(path, SemanticCache(HashEmbedder(), Thresholds(0.99, 0.95))))
+    out = asyncio.run(run_bypass(path, SemanticCache(HashEmbedder(), Tiers(serve=0.99, similar=0.95))))
     assert out["by_why"] == {"control": {"queries": 1, "bypass_rate": 0.0}, "realtime": {"queries": 1, "bypass_rate": 1.0}}
     assert out["written"] == 1 and out["bypass_rate"] == 0.5
 
@@ -213,7 +186,7 @@ def test_bypass_bench_serves_cacheable_and_bypasses_realtime(tmp_path):
     ("minilm", "how do I reset my password", "how can I change my password", "how do I reset my API key"),
 ])
 def test_real_embedder_ranks_paraphrase_above_hard_negative(name, query, paraphrase, negative):
-    cache = SemanticCache.create(name)
+    cache = SemanticCache.create(name, second_stage=False)
     cache.add("neg", negative, "p")
     cache.add("pos", paraphrase, "p")
     (best, s1, _), (_, s2, _) = cache.candidates(query, "p")
@@ -223,11 +196,14 @@ def test_real_embedder_ranks_paraphrase_above_hard_negative(name, query, paraphr
 def test_from_config_builds_the_configured_layer():
     from strata.cache.request.config import RequestCacheConfig
 
-    cache = SemanticCache.from_config(RequestCacheConfig(embedder="e5-small", second_stage=False, semantic_top_k=3))
-    assert cache.embedder.name == "e5-small" and cache.verifier is None and cache.top_k == 3
-    assert cache.thresholds == ThresholdTable.load("e5-small", second_stage=False)
+    cache = SemanticCache.from_config(RequestCacheConfig(embedder="e5-small", second_stage=False, semantic_top_k=3,
+                                                         semantic_max_error=0.1))
+    assert cache.embedder.name == "e5-small" and cache.scorer is None and cache.top_k == 3
+    assert cache.calibration["max_error"] == 0.1 and not cache.calibration["second_stage"]
     with pytest.raises(ValueError):
         RequestCacheConfig(semantic_top_k=0)
+    with pytest.raises(ValueError):
+        RequestCacheConfig(semantic_max_error=0.0)
 
 
 class SlowEmbedder(HashEmbedder):
@@ -257,15 +233,9 @@ class SlowEmbedder(HashEmbedder):
 def test_only_a_concurrent_embedder_embeds_requests_side_by_side(concurrent):
     """A one-core-per-call embedder (e5-small on ONNX Runtime) runs requests in parallel; others one at a time."""
     embedder = SlowEmbedder(concurrent, calls=4)
-    cache = SemanticCache(embedder, Thresholds(0.9, 0.8))
+    cache = SemanticCache(embedder, Tiers(serve=0.9, similar=0.8))
     with ThreadPoolExecutor(4) as pool:
         vectors = list(pool.map(cache.embed, [f"question number {i}" for i in range(4)]))
     assert embedder.most == (4 if concurrent else 1)
     np.testing.assert_array_equal(vectors[2], HashEmbedder().encode(["question number 2"])[0])
     assert load_embedder("e5-small").concurrent is True
-
-
-def test_contrast_word_lists_have_no_duplicates():
-    from strata.cache.request.contrast import ANTONYMS
-
-    assert len(set(ANTONYMS)) == len(ANTONYMS)

@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import httpx
 from fastapi import FastAPI
 
+from strata.cache.request.calibration import Tiers
 from strata.cache.request.embedders import HashEmbedder
 from strata.cache.request.request_cache import RequestCache, RequestCacheConfig
-from strata.cache.request.semantic import SemanticCache, Thresholds
+from strata.cache.request.semantic import SemanticCache
 from strata.server.api import errors
 from strata.server.api.admin import admin_router
 from strata.server.api.auth import Auth
@@ -26,7 +27,7 @@ class SlowEmbedder(HashEmbedder):
 
 def test_invalidate_and_warmup_never_block_the_event_loop(tmp_path, caplog):
     cache = RequestCache(RequestCacheConfig(db=str(tmp_path / "c.db")),
-                         semantic=SemanticCache(SlowEmbedder(), Thresholds(0.95, 0.85)))
+                         semantic=SemanticCache(SlowEmbedder(), Tiers(serve=0.95, similar=0.85)))
     app = FastAPI()
     errors.install(app)
     app.include_router(admin_router(Auth(None, "tok"), SimpleNamespace(cache=cache, model_key="m@1"), 1 << 20))

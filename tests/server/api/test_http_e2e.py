@@ -1,5 +1,7 @@
 """End to end over real HTTP with the official openai client: one uvicorn server on 127.0.0.1 for the module,
-the real default model, and all three cache layers as shipped (the semantic layer with its default embedder)."""
+the real default model, and all three cache layers as shipped. The semantic layer runs at --semantic-max-error 0.05:
+at the default 0.02 the shipped calibration pairs certify no threshold (tests/cache/request/test_calibration.py),
+so no paraphrase would hit."""
 from __future__ import annotations
 
 import re
@@ -22,7 +24,7 @@ FRANCE = "What is the capital of France?"
 
 @pytest.fixture(scope="module")
 def server():
-    with start_server(default_semantic()) as srv:
+    with start_server(default_semantic(max_error=0.05)) as srv:
         yield srv
 
 
@@ -67,7 +69,8 @@ def test_streaming_with_usage_and_cached_stream(server):
 
 
 def test_paraphrase_is_a_semantic_hit(server):
-    """The shipped semantic layer (real embedder, calibrated thresholds, verifier) serves a close paraphrase."""
+    """The shipped semantic layer (real embedder, cross-encoder, certified tiers) serves a close paraphrase, marked
+    as an answer to a similar question where only the similar tier is certified."""
     ask(server, "How many legs does a spider have?")
     server.settle()
     layer, sim, out = ask(server, "How many legs has a spider?")
@@ -75,6 +78,28 @@ def test_paraphrase_is_a_semantic_hit(server):
     assert 0.9 < float(sim) <= 1.0
     assert out.model_extra["strata"]["similarity"] == pytest.approx(float(sim), abs=1e-4)
     assert out.choices[0].message.content.startswith(NOTE_START) == (layer == "semantic-similar")
+
+
+@pytest.mark.parametrize("cached, paraphrase", [
+    ("How do I boil an egg?", "What's the way to boil an egg?"),
+    ("What is the speed of light?", "How fast does light travel?"),
+    ("How many days are in a leap year?", "How many days does a leap year have?"),
+])
+def test_english_paraphrases_hit(server, cached, paraphrase):
+    assert ask(server, cached)[0] == "miss"
+    server.settle()
+    assert ask(server, paraphrase)[0] in ("semantic", "semantic-similar")
+
+
+@pytest.mark.parametrize("cached, other", [
+    ("How many kilograms is one pound?", "How many pounds is one kilogram?"),
+    ("Convert 5 lb to kg", "Convert 5 kg to lb"),
+    ("What is the capital of Spain?", "What is the capital of Portugal?"),
+])
+def test_a_near_miss_question_is_not_served_from_its_twin(server, cached, other):
+    ask(server, cached)
+    server.settle()
+    assert ask(server, other)[0] == "miss"
 
 
 def test_realtime_question_bypasses_both_times(server):
@@ -163,6 +188,11 @@ def test_metrics_parse_and_carry_families(server):
     assert kv["total"] == server.stats()["kv_blocks_total"] and kv["used"] + kv["free"] == kv["total"]
     sim_count = [s.value for s in families["strata_request_cache_similarity"].samples if s.name.endswith("_count")]
     assert sim_count[0] >= 1
+    served = {s.labels["language"]: s.value for s in families["strata_semantic_language_served"].samples}
+    report = server.cache.stats()["semantic"]["languages"]
+    assert served == {lang: float(what["similar"] is not None) for lang, what in report.items()} and served["en"] == 1
+    cuts = {(s.labels["language"], s.labels["tier"]): s.value for s in families["strata_semantic_threshold"].samples}
+    assert cuts[("en", "similar")] == pytest.approx(report["en"]["similar"])
 
 
 CHROMIUM = shutil.which("chromium")

@@ -1,0 +1,77 @@
+"""`strata calibrate`: a user's labelled pairs become a calibration file that `strata serve --semantic-calibration`
+loads; with --fit-second-stage the adapted cross-encoder travels inside it; a file scored by another second stage
+is refused."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from strata.cache.request.calibration import ScoredPairs
+from strata.cache.request.semantic import SemanticCache
+from strata.server import cli
+
+runner = CliRunner()
+PARAPHRASES = [("How do I reset my password?", "How can I reset my password?"),
+               ("Where is my order?", "Where is my package?"),
+               ("How do I cancel my subscription?", "How can I cancel my subscription?"),
+               ("What are your opening hours?", "When are you open?"),
+               ("How do I change my email address?", "How can I update my email address?")]
+NEAR_MISSES = [("How do I reset my password?", "How do I reset my API key?"),
+               ("How do I cancel my subscription?", "How do I start a subscription?"),
+               ("Where is my order?", "Where is my invoice?"),
+               ("What are your opening hours?", "What are your delivery fees?"),
+               ("How do I change my email address?", "How do I change my shipping address?")]
+
+
+@pytest.fixture()
+def pairs_file(tmp_path):
+    rows = [{"cached": a, "query": b, "same": True} for a, b in PARAPHRASES] + \
+           [{"cached": a, "query": b, "same": False} for a, b in NEAR_MISSES]
+    path = tmp_path / "support_pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows * 4) + "\n")
+    return path
+
+
+def test_calibrate_writes_a_file_that_serving_loads(tmp_path, pairs_file):
+    out = tmp_path / "cal.npz"
+    result = runner.invoke(cli.app, ["calibrate", "--pairs", str(pairs_file), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[result.output.index("{"):])
+    assert report["pairs"] == 40 and report["tiers"]["e5-small"]["en"]["pairs"] == 40
+    scored = ScoredPairs.load(out)
+    assert scored.label.sum() == 20 and set(scored.domain) == {"support_pairs"} and scored.adapter is None
+    cache = SemanticCache.create("e5-small", calibration=out)
+    assert cache.calibration["languages"]["en"]["pairs"] == 40
+    assert cache.tiers.zh.off                         # no Chinese pairs: Chinese is not served on this calibration
+
+
+def test_a_file_scored_without_the_second_stage_is_refused_with_it(tmp_path, pairs_file):
+    out = tmp_path / "cosine.npz"
+    result = runner.invoke(cli.app, ["calibrate", "--pairs", str(pairs_file), "--out", str(out),
+                                     "--no-second-stage"])
+    assert result.exit_code == 0, result.output
+    SemanticCache.create("e5-small", second_stage=False, calibration=out)
+    with pytest.raises(ValueError, match="run `strata calibrate` again"):
+        SemanticCache.create("e5-small", second_stage=True, calibration=out)
+
+
+def test_bad_input_is_a_clear_error(tmp_path):
+    result = runner.invoke(cli.app, ["calibrate", "--out", str(tmp_path / "x.npz")])
+    assert result.exit_code == 2 and "give --pairs" in result.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"cached": "a"}\n')
+    result = runner.invoke(cli.app, ["calibrate", "--pairs", str(bad), "--out", str(tmp_path / "x.npz")])
+    assert result.exit_code == 2 and "lacks" in result.output
+
+
+@pytest.mark.slow
+def test_fit_second_stage_bundles_the_adapted_model(tmp_path, pairs_file):
+    out = tmp_path / "fitted.npz"
+    result = runner.invoke(cli.app, ["calibrate", "--pairs", str(pairs_file), "--out", str(out),
+                                     "--fit-second-stage", str(tmp_path / "fit")])
+    assert result.exit_code == 0, result.output
+    scored = ScoredPairs.load(out)
+    assert scored.adapter is not None and (tmp_path / "fit" / "adapter.npz").exists()
+    assert len(scored.label) < 40                     # calibrated on the held-out part only
+    cache = SemanticCache.create("e5-small", calibration=out)
+    assert cache.scorer.version == scored.meta["second_stage"]
