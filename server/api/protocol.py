@@ -7,17 +7,23 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from strata.server.api.unsupported import BestOf, CompletionLogprobs, Echo, Logprobs, ResponseFormat, TopLogprobs
+
 CacheMode = Literal["auto", "off", "exact-only", "refresh"]
 
 
-class StreamOptions(BaseModel):
+class Strict(BaseModel):
+    """A field the server does not know is refused by name (a 400), never ignored: see unsupported.py."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(Strict):
     include_usage: StrictBool = False
 
 
-class _Common(BaseModel):
-    """Fields both endpoints share; unknown OpenAI fields are accepted and ignored, as vLLM does."""
-
-    model_config = ConfigDict(extra="ignore")
+class _Common(Strict):
+    """Fields both endpoints share."""
 
     model: str
     max_tokens: StrictInt | None = Field(default=None, ge=1)
@@ -35,14 +41,12 @@ class _Common(BaseModel):
     similar_note: StrictBool | None = None   # None = the server's setting
 
 
-class TextPart(BaseModel):
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
 
@@ -55,6 +59,9 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    logprobs: Logprobs = None
+    top_logprobs: TopLogprobs = None
+    response_format: ResponseFormat = None
 
     def plain_messages(self) -> list[dict]:
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
@@ -65,6 +72,9 @@ class ChatCompletionRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[str] = Field(min_length=1)
+    logprobs: CompletionLogprobs = None
+    echo: Echo = None
+    best_of: BestOf = None
 
     def prompt_text(self) -> str:
         if isinstance(self.prompt, list):
