@@ -13,8 +13,10 @@ from strata.server.engine.sequence import Sequence
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv: KVStorage, swap: KVStorage | None, backend: AttentionBackend,
-                 graphs: DecodeGraphs | None = None):
+                 graphs: DecodeGraphs | None = None, eos_token_ids: frozenset[int] = frozenset()):
+        """eos_token_ids: what the sampler holds back until a request's min_tokens."""
         self.model = model
+        self.eos_token_ids = eos_token_ids
         self.kv = kv
         self.swap = swap
         self.backend = backend
@@ -36,7 +38,7 @@ class ModelRunner:
         if not sampled:
             return [], []
         logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
-        return sampled, sample(logits, sampled)
+        return sampled, sample(logits, sampled, self.eos_token_ids)
 
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int], list[Sequence]]:
