@@ -82,6 +82,11 @@ class ChatMessage(Strict):
         return self.content or ""
 
 
+def plain_messages(messages: list[ChatMessage]) -> list[dict]:
+    """Role and text of each message, as the chat template and the cache take them ("developer" is "system")."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+
+
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
@@ -90,7 +95,7 @@ class ChatCompletionRequest(_Common):
     response_format: ResponseFormat = None
 
     def plain_messages(self) -> list[dict]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        return plain_messages(self.messages)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

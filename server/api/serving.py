@@ -86,9 +86,7 @@ class Completer:
                      client_id: str | None, started: float) -> Answer:
         """started: when the request arrived (perf_counter), so latency and TTFT include parsing and lookup."""
         chat = isinstance(req, ChatCompletionRequest)
-        if req.model != self.info.model_id:
-            raise APIError(404, f"The model '{req.model}' does not exist; this server serves "
-                                f"'{self.info.model_id}'", param="model", code="model_not_found")
+        self.check_model(req.model)
         prompt_param = "messages" if chat else "prompt"
         try:
             messages = req.plain_messages() if chat else [{"role": "user", "content": req.prompt_text()}]
@@ -123,6 +121,12 @@ class Completer:
             raise exc if isinstance(exc, APIError) else bad_param(exc) from None
         answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer)
         return answer
+
+    def check_model(self, model: str) -> None:
+        """404 for a model this server does not serve."""
+        if model != self.info.model_id:
+            raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.info.model_id}'",
+                           param="model", code="model_not_found")
 
     async def count_tokens(self, text: str) -> int:
         """Tokens of a text (an answer stored without its count, a note): long texts in a worker thread."""
