@@ -19,7 +19,7 @@ Stops = Annotated[Annotated[list[str], Field(max_length=MAX_STOPS)] | None,
                   BeforeValidator(lambda v: [v] if isinstance(v, str) else v),
                   WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                                                    "maxItems": MAX_STOPS}, {"type": "null"}]})]
-Penalty = Annotated[float, Field(default=0.0, ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1], allow_inf_nan=False)]
+Penalty = Annotated[float, Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1], allow_inf_nan=False)]
 
 CacheMode = Literal["auto", "off", "exact-only", "refresh"]
 
