@@ -10,7 +10,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, 
 from strata.server.api.unsupported import BestOf, CompletionLogprobs, Echo, Logprobs, ResponseFormat, TopLogprobs
 from strata.server.engine.sampling_params import MAX_STOPS, PENALTY_RANGE
 
-# vLLM's sampling extensions that change the answer: part of the exact-cache key when not at their defaults.
+# Sampling fields beyond the original few (OpenAI's penalties, vLLM's extensions) that change the answer: part of the
+# exact-cache key when not at their defaults.
 ANSWER_EXTENSIONS = frozenset({"ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens",
                                "include_stop_str_in_output", "repetition_penalty", "presence_penalty",
                                "frequency_penalty"})
