@@ -15,6 +15,7 @@ from strata.server.api.metrics import Metrics
 from strata.server.api.openai_routes import openai_router
 from strata.server.api.ops_routes import ops_router
 from strata.server.api.serving import Completer
+from strata.server.api.tokenize_routes import tokenize_router
 from strata.server.engine.engine_client import EngineClient
 
 
@@ -40,6 +41,7 @@ def create_app(engine: EngineClient, cache: RequestCache | None = None, *, auth:
     app.state.completer, app.state.metrics, app.state.config = completer, metrics, config
     errors.install(app)
     app.include_router(openai_router(auth, completer, metrics, config.max_body_bytes))
+    app.include_router(tokenize_router(auth, completer, config.max_body_bytes))
     app.include_router(admin_router(auth, completer, config.max_body_bytes))
     app.include_router(ops_router(auth, engine, metrics, cache))
     return app

@@ -10,6 +10,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
+from strata.server.api import unsupported
+
 log = logging.getLogger("strata.server")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
@@ -34,8 +36,12 @@ def invalid(err: ValidationError | RequestValidationError) -> APIError:
     first = err.errors()[0]
     loc = [str(p) for p in first["loc"] if p != "body"]
     param = ".".join(loc) or None
+    if first["type"] == "extra_forbidden":
+        message, code = unsupported.refusal(param)
+        return APIError(400, message, param=param, code=code)
+    code = {"missing": "missing_required_parameter", unsupported.ERROR_TYPE: unsupported.ERROR_TYPE}
     return APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param,
-                    code="missing_required_parameter" if first["type"] == "missing" else "invalid_value")
+                    code=code.get(first["type"], "invalid_value"))
 
 
 def install(app: FastAPI) -> None:

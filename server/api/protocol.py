@@ -3,46 +3,77 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, WithJsonSchema
+
+from strata.server.api.unsupported import BestOf, CompletionLogprobs, Echo, Logprobs, ResponseFormat, TopLogprobs
+from strata.server.engine.sampling_params import MAX_STOPS, PENALTY_RANGE
+
+# Sampling fields beyond the original few (OpenAI's penalties, vLLM's extensions) that change the answer: part of the
+# exact-cache key when not at their defaults.
+ANSWER_EXTENSIONS = frozenset({"ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens",
+                               "include_stop_str_in_output", "repetition_penalty", "presence_penalty",
+                               "frequency_penalty"})
+# One stop string or a list of them, read as a list, so an error names `stop` (not a member of a union).
+Stops = Annotated[Annotated[list[str], Field(max_length=MAX_STOPS)] | None,
+                  BeforeValidator(lambda v: [v] if isinstance(v, str) else v),
+                  WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
+                                                                   "maxItems": MAX_STOPS}, {"type": "null"}]})]
+Penalty = Annotated[float, Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1], allow_inf_nan=False)]
 
 CacheMode = Literal["auto", "off", "exact-only", "refresh"]
 
 
-class StreamOptions(BaseModel):
+class Strict(BaseModel):
+    """A field the server does not know is refused by name (a 400), never ignored: see unsupported.py."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(Strict):
     include_usage: StrictBool = False
 
 
-class _Common(BaseModel):
-    """Fields both endpoints share; unknown OpenAI fields are accepted and ignored, as vLLM does."""
-
-    model_config = ConfigDict(extra="ignore")
+class _Common(Strict):
+    """Fields both endpoints share."""
 
     model: str
     max_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    stop: str | list[str] | None = None
+    stop: Stops = None
     seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1)    # what torch generators take
     n: StrictInt = Field(default=1, ge=1, le=1)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    # vLLM extensions
+    repetition_penalty: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    min_tokens: StrictInt = Field(default=0, ge=0)
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list)
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
     # Strata extensions
     cache: CacheMode = "auto"
     cache_tags: list[str] = Field(default_factory=list)
     similar_note: StrictBool | None = None   # None = the server's setting
 
+    def answer_extensions(self) -> dict:
+        """The extensions set away from their defaults: they change the answer, so they split the exact cache (a
+        request that spells out repetition_penalty 1.0 still shares the plain request's entry)."""
+        return self.model_dump(include=set(ANSWER_EXTENSIONS), exclude_defaults=True)
 
-class TextPart(BaseModel):
+
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
 
@@ -52,19 +83,34 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
+def plain_messages(messages: list[ChatMessage]) -> list[dict]:
+    """Role and text of each message, as the chat template and the cache take them ("developer" is "system")."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+
+
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    logprobs: Logprobs = None
+    top_logprobs: TopLogprobs = None
+    response_format: ResponseFormat = None
 
     def plain_messages(self) -> list[dict]:
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        return plain_messages(self.messages)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def max_tokens_param(self) -> str:
+        """The field that set the completion's length, for an error to name."""
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+
 
 class CompletionRequest(_Common):
     prompt: str | list[str] = Field(min_length=1)
+    logprobs: CompletionLogprobs = None
+    echo: Echo = None
+    best_of: BestOf = None
 
     def prompt_text(self) -> str:
         if isinstance(self.prompt, list):
@@ -75,6 +121,9 @@ class CompletionRequest(_Common):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def max_tokens_param(self) -> str:
+        return "max_tokens"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:

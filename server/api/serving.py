@@ -15,7 +15,7 @@ from strata.server.api.prompts import INLINE_CHARS, PromptTokens, PromptTooLong
 from strata.server.api.protocol import ChatCompletionRequest, CompletionRequest, usage
 from strata.server.engine.engine_client import EngineClient, EngineRequestFailed, EngineUnavailable
 from strata.server.engine.input_processor import RequestError
-from strata.server.engine.sampling_params import SamplingParams
+from strata.server.engine.sampling_params import InvalidParam, SamplingParams
 from strata.server.engine.sequence import Sequence
 
 SIMILAR_NOTE = "[Note: this answers a similar earlier question (similarity {:.2f}), not necessarily yours.]\n\n"
@@ -86,9 +86,7 @@ class Completer:
                      client_id: str | None, started: float) -> Answer:
         """started: when the request arrived (perf_counter), so latency and TTFT include parsing and lookup."""
         chat = isinstance(req, ChatCompletionRequest)
-        if req.model != self.info.model_id:
-            raise APIError(404, f"The model '{req.model}' does not exist; this server serves "
-                                f"'{self.info.model_id}'", param="model", code="model_not_found")
+        self.check_model(req.model)
         prompt_param = "messages" if chat else "prompt"
         try:
             messages = req.plain_messages() if chat else [{"role": "user", "content": req.prompt_text()}]
@@ -117,12 +115,18 @@ class Completer:
             except EngineUnavailable as exc:
                 raise unavailable(exc) from None
             seq = self.inputs.make_sequence(list(ids), params)
-        except (APIError, RequestError) as exc:
+        except (APIError, RequestError, InvalidParam) as exc:
             if lookup is not None:
                 lookup.release()        # followers compute themselves; nothing computed, nothing to remember
-            raise exc if isinstance(exc, APIError) else APIError(400, str(exc)) from None
+            raise exc if isinstance(exc, APIError) else bad_param(exc) from None
         answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer)
         return answer
+
+    def check_model(self, model: str) -> None:
+        """404 for a model this server does not serve."""
+        if model != self.info.model_id:
+            raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.info.model_id}'",
+                           param="model", code="model_not_found")
 
     async def count_tokens(self, text: str) -> int:
         """Tokens of a text (an answer stored without its count, a note): long texts in a worker thread."""
@@ -145,13 +149,17 @@ class Completer:
                            code="context_length_exceeded")
         if requested is not None and requested > limit:
             raise APIError(400, f"max_tokens is too large: {requested}. This model supports at most {limit} "
-                                f"completion tokens.", param="max_tokens", code="invalid_value")
-        stop = [req.stop] if isinstance(req.stop, str) else req.stop or []
+                                f"completion tokens.", param=req.max_tokens_param(), code="invalid_value")
         try:
-            return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=stop,
-                                  max_tokens=requested or min(self.config.default_max_tokens, room))
-        except ValueError as exc:
-            raise APIError(400, str(exc)) from None
+            return SamplingParams(
+                temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop or [],
+                max_tokens=requested or min(self.config.default_max_tokens, room), min_tokens=req.min_tokens,
+                ignore_eos=req.ignore_eos, stop_token_ids=list(req.stop_token_ids),
+                repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty, skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output)
+        except InvalidParam as exc:
+            raise bad_param(exc) from None
 
     async def _lookup(self, req, tenant: str, messages: list[dict], cache_control: str, client_id: str | None,
                       chat: bool) -> Lookup | None:
@@ -159,7 +167,7 @@ class Completer:
             return None
         directives = {d.strip().lower() for d in cache_control.split(",")}
         sampling = cache_sampling(req.temperature, req.top_p, req.requested_max_tokens(), req.stop, req.seed,
-                                  None if chat else "completions")
+                                  None if chat else "completions") | req.answer_extensions()
         try:
             creq = CacheRequest(tenant, self.model_key, messages, sampling, mode=req.cache,
                                 no_cache="no-cache" in directives, no_store="no-store" in directives,
@@ -214,6 +222,12 @@ class Completer:
             raise
         if lookup is not None:
             lookup.complete(text, tags=tags, meta=AnswerMeta(answer.finish_reason, answer.completion_tokens))
+
+
+def bad_param(exc: ValueError) -> APIError:
+    """Input the engine refuses (RequestError, InvalidParam), as a 400 naming the field when one is at fault."""
+    param = exc.param if isinstance(exc, InvalidParam) else None
+    return APIError(400, str(exc), param=param, code="invalid_value" if param else None)
 
 
 def unavailable(exc: EngineUnavailable) -> APIError:

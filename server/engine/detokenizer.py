@@ -12,9 +12,9 @@ class Detokenizer:
         """Append the text of seq's newest tokens to seq.output_text and return it."""
         prefix, read = self.offsets.get(seq.request_id, (seq.num_prompt_tokens, seq.num_prompt_tokens))
         ids = seq.token_ids
-        decode = self.tokenizer.decode
-        prefix_text = decode(ids[prefix:read], skip_special_tokens=True)
-        full_text = decode(ids[prefix:], skip_special_tokens=True)
+        skip = seq.params.skip_special_tokens
+        prefix_text = self.tokenizer.decode(ids[prefix:read], skip_special_tokens=skip)
+        full_text = self.tokenizer.decode(ids[prefix:], skip_special_tokens=skip)
         if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
             return ""  # an incomplete UTF-8 sequence: wait for the next token
         new_text = full_text[len(prefix_text):]

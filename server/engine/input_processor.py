@@ -83,13 +83,15 @@ class InputProcessor:
 
     def make_sequence(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                       chat: bool = False) -> Sequence:
-        """Validate and tokenize a request; raises RequestError on input the engine could never serve."""
+        """Validate and tokenize a request; raises RequestError on input the engine could never serve (InvalidParam
+        for a stop token id outside the vocabulary)."""
         if isinstance(prompt, str) and not prompt.strip() or isinstance(prompt, list) and not prompt:
             raise RequestError("prompt is empty")
         token_ids = self.encode(prompt, chat)
         info = self.info
         if any(not isinstance(t, int) or not 0 <= t < info.vocab_size for t in token_ids):
             raise RequestError(f"prompt token ids must be integers in [0, {info.vocab_size})")
+        params.check_vocab(info.vocab_size)
         if len(token_ids) >= info.max_model_len:
             raise RequestError(f"prompt has {len(token_ids)} tokens; this model's context is {info.max_model_len}")
         if len(token_ids) + 1 > info.kv_capacity_tokens:     # the prompt and one new token, in whole blocks

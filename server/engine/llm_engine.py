@@ -91,7 +91,7 @@ class LLMEngine:
                                   scratch_block=num_blocks)
             graphs.capture()
         self.runner = ModelRunner(self.model, self.kv, self.swap_space.storage if self.swap_space else None,
-                                  self.backend, graphs)
+                                  self.backend, graphs, frozenset(self.eos_token_ids))
         self.detokenizer = Detokenizer(self.tokenizer) if self.tokenizer is not None else None
         self.info = ModelInfo(self.model_id, model_path, self.dtype, cfg.vocab_size, self.max_model_len,
                               self.kv_capacity_tokens, self.fingerprint)
@@ -208,25 +208,43 @@ class LLMEngine:
         if seq.first_token_time is None:
             seq.first_token_time = now
         params = seq.params
-        text_before = len(seq.output_text)
-        new_text = self.detokenizer.update(seq) if self.detokenizer else ""
-        if not params.ignore_eos and token in self.eos_token_ids or token in params.stop_token_ids:
+        may_stop = seq.num_output_tokens >= params.min_tokens       # stops before min_tokens do not count (vLLM)
+        stop_token = may_stop and (not params.ignore_eos and token in self.eos_token_ids
+                                   or token in params.stop_token_ids)
+        # A stop token's own text is left out, as a stop string's is, unless include_stop_str_in_output.
+        keep_text = self.detokenizer is not None and (not stop_token or params.include_stop_str_in_output)
+        fresh = self.detokenizer.update(seq) if keep_text else ""
+        if stop_token:
             seq.finish_reason = "stop"
-        elif params.stop and self._truncate_at_stop(seq, new_text):
+        elif may_stop and params.stop and self._truncate_at_stop(seq, fresh):
             seq.finish_reason = "stop"
-            new_text = seq.output_text[text_before:]
         elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.max_model_len:
             seq.finish_reason = "length"
+        new_text = self._release_text(seq)
         if seq.finish_reason is not None:
             return self._finish(seq, [token], new_text)
         return self._output(seq, [token], new_text)
 
+    @staticmethod
+    def _release_text(seq: Sequence) -> str:
+        """Output text not streamed yet. While a stop string could still complete, the text it might start in is
+        held back (it would be cut, and streamed text cannot be taken back), as vLLM does."""
+        end = len(seq.output_text)
+        stop = seq.params.stop
+        if seq.finish_reason is None and stop and not seq.params.include_stop_str_in_output:
+            end = max(end - max(len(s) for s in stop) + 1, seq.num_released_chars)
+        released = seq.output_text[seq.num_released_chars:end]
+        seq.num_released_chars = end
+        return released
+
     def _truncate_at_stop(self, seq: Sequence, new_text: str) -> bool:
+        """Cut the output at the first stop string in the newest text (after it with include_stop_str_in_output)."""
         window_start = max(0, len(seq.output_text) - len(new_text) - max(len(s) for s in seq.params.stop))
-        hits = [i for s in seq.params.stop if (i := seq.output_text.find(s, window_start)) != -1]
+        hits = [(i, len(s)) for s in seq.params.stop if (i := seq.output_text.find(s, window_start)) != -1]
         if not hits:
             return False
-        seq.output_text = seq.output_text[:min(hits)]
+        start, length = min(hits)
+        seq.output_text = seq.output_text[:start + length if seq.params.include_stop_str_in_output else start]
         return True
 
     def _finish(self, seq: Sequence, new_tokens: list[int] | None = None, new_text: str = "") -> RequestOutput:

@@ -13,8 +13,10 @@ from strata.server.engine.sequence import Sequence
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv: KVStorage, swap: KVStorage | None, backend: AttentionBackend,
-                 graphs: DecodeGraphs | None = None):
+                 graphs: DecodeGraphs | None = None, eos_token_ids: frozenset[int] = frozenset()):
+        """eos_token_ids: what the sampler holds back until a request's min_tokens."""
         self.model = model
+        self.eos_token_ids = eos_token_ids
         self.kv = kv
         self.swap = swap
         self.backend = backend
@@ -35,8 +37,21 @@ class ModelRunner:
         hidden, sample_rows, sampled = self.forward(batch)
         if not sampled:
             return [], []
-        logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
-        return sampled, sample(logits, sampled)
+        try:
+            logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
+            return sampled, sample(logits, sampled, self.eos_token_ids)
+        except BaseException:
+            self._rewind(batch)
+            raise
+
+    @staticmethod
+    def _rewind(batch: ScheduledBatch) -> None:
+        """Undo forward's progress: the engine retries a failed step request by request, which needs each request
+        where it was before the step (a rerun of forward rewrites the same KV slots, which is harmless)."""
+        for seq, n in batch.prefills:
+            seq.num_computed_tokens -= n
+        for seq in batch.decodes:
+            seq.num_computed_tokens -= 1
 
     @torch.inference_mode()
     def forward(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[int], list[Sequence]]:

@@ -1,4 +1,5 @@
-"""Turn last-position logits into next tokens: greedy, temperature, top-k, top-p, per-request seed.
+"""Turn last-position logits into next tokens: penalties and min_tokens on the raw logits, then greedy, temperature,
+top-k, top-p, per-request seed.
 
 Numerically safe by construction: temperatures are floored (dividing fp32 logits by 1e-45 overflows them to inf and
 the softmax to NaN), the filters always keep the most likely token, and probabilities come from a log-softmax. A row
@@ -7,6 +8,8 @@ the model itself made non-finite (NaN or +inf) fails alone, as RowError, and the
 
 import torch
 
+from strata.server.engine.min_tokens import suppress_early_stops
+from strata.server.engine.penalties import apply_penalties
 from strata.server.engine.sampling_params import MIN_TEMPERATURE
 from strata.server.engine.sequence import Sequence
 
@@ -15,13 +18,20 @@ class RowError(str):
     """Why one row could not be sampled (the engine fails that request only)."""
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int | RowError]:
-    """One token per row of logits [S, vocab] (or a RowError); greedy rows never touch a random generator."""
+def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: frozenset[int] = frozenset()
+           ) -> list[int | RowError]:
+    """One token per row of logits [S, vocab] (or a RowError); greedy rows never touch a random generator.
+    eos_token_ids: what min_tokens holds back besides each request's stop_token_ids."""
     logits = logits.float()
     broken = torch.isnan(logits).any(dim=-1) | torch.isposinf(logits).any(dim=-1)
+    logits = suppress_early_stops(apply_penalties(logits, seqs), seqs, eos_token_ids)
     tokens: list[int | RowError] = logits.argmax(dim=-1).tolist()
     for i in broken.nonzero().flatten().tolist():
         tokens[i] = RowError("the model produced non-finite logits for this request")
+    stuck = torch.isneginf(logits).all(dim=-1) & ~broken
+    for i in stuck.nonzero().flatten().tolist():
+        tokens[i] = RowError("min_tokens with these stop_token_ids leaves no token to sample")
+    broken |= stuck
     sampled = [i for i, s in enumerate(seqs) if not s.params.greedy and not broken[i]]
     if not sampled:
         return tokens

@@ -35,6 +35,7 @@ class Sequence:
     finish_reason: str | None = None
     error: str | None = None      # why it failed (finish_reason "error")
     output_text: str = ""
+    num_released_chars: int = 0   # of output_text, streamed out already (the rest may still be cut by a stop string)
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     generator: torch.Generator | None = None

@@ -34,7 +34,7 @@ def served_app(tiny_chat_model_dir):
     engine.stop()
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"])
 @pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE])
 def test_no_generated_body_gets_a_server_error(served_app, path, mode):
     url, model = served_app

@@ -173,3 +173,31 @@ def test_disconnect_while_waiting_for_a_whole_answer_aborts_and_frees_blocks(ser
     assert server.idle_blocks(server.idle, timeout=5.0) == server.idle
     assert server.app.state.completer.engine.num_pending == 0
     assert server.stats()["generated_tokens"] - before < 400  # stopped early, not run to max_tokens
+
+
+@pytest.mark.parametrize("call,param,code", [
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather?"}],
+                                         tools=[{"type": "function", "function": {"name": "weather"}}]),
+     "tools", "unsupported_parameter"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], logprobs=True),
+     "logprobs", "unsupported_parameter"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                         response_format={"type": "json_object"}),
+     "response_format", "unsupported_parameter"),
+    (lambda c: c.completions.create(model=MODEL, prompt="def f():", suffix="return 1"), "suffix",
+     "unsupported_parameter"),
+    (lambda c: c.completions.create(model=MODEL, prompt="Hi", echo=True), "echo", "unsupported_parameter"),
+    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                         extra_body={"mirostat": 2}), "mirostat", "unknown_parameter"),
+])
+def test_unsupported_fields_are_refused_by_name_via_openai_client(server, call, param, code):
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="key-acme", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        call(client)
+    assert (info.value.param, info.value.code) == (param, code)
+    assert param in info.value.message
+
+
+def test_no_op_values_of_unsupported_fields_are_answered(server):
+    res = chat(server, logprobs=False, response_format={"type": "text"}, temperature=0)
+    assert res.status_code == 200, res.text

@@ -108,6 +108,32 @@ def test_eos_and_stop_strings_on_the_default_model(default_model_dir):
     assert all_blocks_free(engine)
 
 
+def streamed(engine: LLMEngine, prompt: str, params: SamplingParams) -> tuple[str, str]:
+    """(the new_text pieces joined, the final text) of one chat request stepped to the end."""
+    request_id = engine.add_request(prompt, params, chat=True)
+    pieces = []
+    while True:
+        for out in engine.step():
+            if out.request_id == request_id:
+                pieces.append(out.new_text)
+                if out.finished:
+                    return "".join(pieces), out.text
+
+
+def test_streamed_text_never_shows_what_a_stop_string_cuts(default_model_dir):
+    """A stop string over several tokens ('Paris is'): what was streamed before it completed is held back, so the
+    pieces add up to the final text; include_stop_str_in_output keeps the stop string."""
+    engine = LLMEngine(EngineConfig(model=str(default_model_dir), dtype="fp32", kv_cache_memory="64MiB"))
+    question = "What is the capital of France?"
+    full = engine.generate([question], SamplingParams(temperature=0, max_tokens=64), chat=True)[0].text
+    stop = full[full.index("France is") + len("France "):][:9]          # "is Paris." spans tokens
+    cut = full[:full.index(stop)]
+    assert streamed(engine, question, SamplingParams(temperature=0, max_tokens=64, stop=[stop])) == (cut, cut)
+    kept = SamplingParams(temperature=0, max_tokens=64, stop=[stop], include_stop_str_in_output=True)
+    assert streamed(engine, question, kept) == (cut + stop, cut + stop)
+    assert all_blocks_free(engine)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(max_tokens=0), "max_tokens"),
     (dict(max_tokens=-3), "max_tokens"),

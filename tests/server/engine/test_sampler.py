@@ -107,6 +107,37 @@ def test_a_step_that_fails_on_one_request_fails_that_request_only(tiny_model_dir
     assert again.token_ids == reference[1].token_ids
 
 
+def test_a_sampler_fault_on_one_request_fails_that_request_only(tiny_model_dirs, monkeypatch):
+    """Sampling runs after the model call advanced the batch: a sampler that raises must leave every request where
+    it was, so the retry one by one fails only the request at fault (it once failed the whole batch)."""
+    from strata.server.engine import model_runner
+    from strata.server.engine.config import EngineConfig
+    from strata.server.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["tiny-llama"]), dtype="fp32", kv_cache_memory="8MiB",
+                                    block_size=8))
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    reference = engine.generate([[5, 6, 7]], params)[0]
+    real_sample = model_runner.sample
+
+    def sample_unless_poisoned(logits, seqs, eos_token_ids):
+        if any(s.request_id == "poisoned" and s.num_output_tokens >= 2 for s in seqs):
+            raise RuntimeError("simulated sampler fault")
+        return real_sample(logits, seqs, eos_token_ids)
+
+    monkeypatch.setattr(model_runner, "sample", sample_unless_poisoned)
+    good = engine.add_request([5, 6, 7], params)
+    engine.add_request([9, 10, 11, 12], params, request_id="poisoned")
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    assert done["poisoned"].finish_reason == "error" and len(done["poisoned"].token_ids) == 2
+    assert done[good].finish_reason == "length" and done[good].token_ids == reference.token_ids
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
 def test_extreme_settings_through_the_engine_finish_normally(tiny_model_dirs):
     from strata.server.engine.config import EngineConfig
     from strata.server.engine.llm_engine import LLMEngine

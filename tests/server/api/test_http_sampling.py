@@ -1,0 +1,135 @@
+"""vLLM's sampling extensions over real HTTP with the official openai client (extensions through extra_body), the
+real default model, greedy decoding; and the exact cache keeping answers of different settings apart."""
+from __future__ import annotations
+
+import openai
+import pytest
+from helpers.http_server import MODEL, client, hash_semantic, start_server
+
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+
+HI = [{"role": "user", "content": "Say hi."}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_server(hash_semantic()) as srv:
+        yield srv
+
+
+def chat(server, max_tokens: int = 40, messages=HI, **extra_body):
+    """One greedy chat answer with the request cache off (each test reads the engine, not an earlier answer)."""
+    return client(server).chat.completions.create(model=MODEL, messages=messages, max_tokens=max_tokens,
+                                                  temperature=0, extra_body={"cache": "off"} | extra_body)
+
+
+@pytest.fixture(scope="module")
+def natural(server):
+    """The plain answer to HI: it ends by EOS well before 40 tokens (what the tests below change)."""
+    out = chat(server)
+    assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens < 30
+    return out
+
+
+def test_ignore_eos_runs_to_max_tokens(server, natural):
+    out = chat(server, ignore_eos=True)
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 40
+    assert out.choices[0].message.content.startswith(natural.choices[0].message.content)
+
+
+def test_min_tokens_holds_the_end_back(server, natural):
+    want = natural.usage.completion_tokens + 6
+    out = chat(server, min_tokens=want)
+    assert out.usage.completion_tokens >= want
+    assert out.choices[0].message.content.startswith(natural.choices[0].message.content)
+
+
+def test_skip_special_tokens(server, natural):
+    """Past EOS (ignore_eos) the end-of-turn token is text only when skip_special_tokens is false."""
+    kept = chat(server, ignore_eos=True, skip_special_tokens=False).choices[0].message.content
+    skipped = chat(server, ignore_eos=True).choices[0].message.content
+    assert "<|im_end|>" in kept and "<|im_end|>" not in skipped
+
+
+def test_stop_token_ids_with_and_without_the_stop_text(server, natural):
+    tokenizer = server.inputs.tokenizer
+    text = natural.choices[0].message.content
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    stop_id = ids[2]
+    out = chat(server, stop_token_ids=[stop_id])
+    assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens == 3
+    assert out.choices[0].message.content == tokenizer.decode(ids[:2])
+    kept = chat(server, stop_token_ids=[stop_id], include_stop_str_in_output=True)
+    assert kept.choices[0].message.content == tokenizer.decode(ids[:3])
+
+
+def test_stop_string_with_and_without_the_stop_text(server, natural):
+    text = natural.choices[0].message.content
+    word = text.split()[1]
+    cut = chat(server, stop=[word])
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].message.content == text[:text.index(word)]
+    kept = chat(server, stop=[word], include_stop_str_in_output=True)
+    assert kept.choices[0].message.content == text[:text.index(word) + len(word)]
+
+
+def test_max_completion_tokens_is_max_tokens_for_chat(server):
+    out = client(server).chat.completions.create(model=MODEL, messages=HI, max_completion_tokens=3, temperature=0,
+                                                 extra_body={"cache": "off", "ignore_eos": True})
+    assert out.usage.completion_tokens == 3 and out.choices[0].finish_reason == "length"
+
+
+def test_sixteen_stops_accepted_seventeen_refused(server):
+    stops = [f"zz{i}" for i in range(17)]
+    assert chat(server, max_tokens=4, stop=stops[:16]).choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(server, max_tokens=4, stop=stops)
+    assert info.value.param == "stop"
+
+
+def test_penalties_change_the_answer(server, natural):
+    """A strong repetition penalty on the chat template's own tokens moves the greedy answer off its usual path."""
+    out = chat(server, repetition_penalty=2.0, presence_penalty=1.5, frequency_penalty=1.5)
+    assert out.choices[0].message.content != natural.choices[0].message.content
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"repetition_penalty": 0}, "repetition_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"min_tokens": 41}, "min_tokens"),
+    ({"min_tokens": -1}, "min_tokens"),
+    ({"stop_token_ids": [10**7]}, "stop_token_ids"),
+    ({"stop_token_ids": ["a"]}, "stop_token_ids.0"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+])
+def test_out_of_range_settings_are_refused_by_name(server, extra, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(server, **extra)
+    assert info.value.param == param
+
+
+def cached(server, question: str, **extra) -> str:
+    """The cache layer that answered a greedy chat request."""
+    raw = client(server).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=8, temperature=0,
+        extra_body=extra)
+    server.settle()
+    return raw.headers["x-strata-cache"]
+
+
+def test_settings_that_change_the_answer_are_in_the_cache_key(server):
+    question = "Name a large ocean."
+    assert cached(server, question) == "miss"
+    for setting in ({"repetition_penalty": 1.2}, {"presence_penalty": 0.5}, {"frequency_penalty": 0.5},
+                    {"min_tokens": 4}, {"ignore_eos": True}, {"stop_token_ids": [13]},
+                    {"skip_special_tokens": False}, {"include_stop_str_in_output": True}):
+        assert cached(server, question, **setting) == "miss", setting
+        assert cached(server, question, **setting) == "exact", setting
+
+
+def test_settings_that_do_not_change_the_answer_still_hit(server):
+    question = "Name a tall mountain."
+    assert cached(server, question) == "miss"
+    assert cached(server, question, user="someone-else") == "exact"
+    assert cached(server, question, repetition_penalty=1.0, presence_penalty=0, min_tokens=0,
+                  ignore_eos=False, skip_special_tokens=True, stop_token_ids=[]) == "exact"
