@@ -7,7 +7,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, WithJsonSchema
 
-from strata.server.api.unsupported import BestOf, CompletionLogprobs, Echo, Logprobs, ResponseFormat, TopLogprobs
+from strata.server.api.unsupported import (
+    BestOf,
+    CompletionLogprobs,
+    Echo,
+    Logprobs,
+    NullOnly,
+    ResponseFormat,
+    TopLogprobs,
+)
 from strata.server.engine.sampling_params import MAX_STOPS, PENALTY_RANGE
 
 # Sampling fields beyond the original few (OpenAI's penalties, vLLM's extensions) that change the answer: part of the
@@ -76,6 +84,13 @@ class TextPart(Strict):
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
+    name: str | None = None         # a participant's name: accepted, but the chat templates served here have no place for it
+    # what the openai client's own assistant message carries when a conversation is sent back: null only
+    refusal: NullOnly = None
+    tool_calls: NullOnly = None
+    function_call: NullOnly = None
+    audio: NullOnly = None
+    annotations: NullOnly = None
 
     def text(self) -> str:
         if isinstance(self.content, list):

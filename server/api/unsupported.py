@@ -58,3 +58,4 @@ Echo = Annotated[Literal[False] | None, only("echoing the prompt is not supporte
 BestOf = Annotated[Literal[1] | None, only("best_of is not supported (only 1 or null)", 1)]
 ResponseFormat = Annotated[TextFormat | None, only("only the text response format is supported (no JSON mode or "
                                                    "JSON schema)", {"type": "text"})]
+NullOnly = Annotated[None, only("only null is supported here (no tool calls, function calls, audio or annotations)")]

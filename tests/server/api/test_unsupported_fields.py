@@ -56,7 +56,8 @@ def test_no_op_values_pass(kind, body, extra):
 @pytest.mark.parametrize("kind,body,patch,param", [
     (ChatCompletionRequest, CHAT, {"frobnicate": 1}, "frobnicate"),
     (CompletionRequest, COMPLETION, {"tempreature": 0}, "tempreature"),
-    (ChatCompletionRequest, CHAT, {"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name"),
+    (ChatCompletionRequest, CHAT, {"messages": [{"role": "user", "content": "x", "nickname": "bob"}]},
+     "messages.0.nickname"),
     (ChatCompletionRequest, CHAT, {"stream_options": {"include_usage": True, "chunk": 1}}, "stream_options.chunk"),
     (ChatCompletionRequest, CHAT, {"suffix": "x"}, "suffix"),
 ])
@@ -64,6 +65,18 @@ def test_unknown_fields_are_named(kind, body, patch, param):
     err = refusal(kind, body | patch)
     assert err.param == param and param in err.message
     assert err.code == ("unsupported_parameter" if param in REFUSED else "unknown_parameter")
+
+
+def test_a_conversation_sent_back_as_the_openai_client_returned_it_passes():
+    """The client's assistant message, dumped as is (null refusal, tool calls, ...), and a participant name."""
+    assistant = {"role": "assistant", "content": "Paris.", "refusal": None, "tool_calls": None, "function_call": None,
+                 "audio": None, "annotations": None}
+    req = ChatCompletionRequest.model_validate(CHAT | {"messages": [
+        {"role": "user", "content": "Capital of France?", "name": "ann"}, assistant,
+        {"role": "user", "content": "And of Spain?"}]})
+    assert [m["role"] for m in req.plain_messages()] == ["user", "assistant", "user"]
+    err = refusal(ChatCompletionRequest, CHAT | {"messages": [assistant | {"tool_calls": [{"id": "1"}]}]})
+    assert (err.param, err.code) == ("messages.0.tool_calls", "unsupported_parameter")
 
 
 def test_published_schema_forbids_unknown_fields():
