@@ -98,6 +98,7 @@ class _Write:
     tags: tuple[str, ...]
     generation: int
     meta: AnswerMeta | None = None
+    flight: Flight | None = None            # kept joinable until this write lands
 
 
 class RequestCache:
@@ -330,15 +331,16 @@ class RequestCache:
     # ---- write path ---------------------------------------------------------------------------------------
 
     def _complete(self, lookup: Lookup, text: str, tags: tuple[str, ...], meta: AnswerMeta | None) -> None:
-        if lookup.flight is not None:
-            lookup.flight.meta = meta
-            self.flights.finish(lookup.flight, text)
+        flight = lookup.flight
+        submitted = False
+        if lookup.write and not self.closed:
+            submitted = self.writer.submit(_Write(lookup.key, lookup.decision, text, tags, self.generation, meta, flight))
+            if not submitted:
+                self._stats.count("write.dropped")
+        if flight is not None:
+            flight.meta = meta
+            self.flights.finish(flight, text, until_stored=submitted)
         self.guard.forget_failure(lookup.key.flight)
-        if not lookup.write or self.closed:
-            return
-        job = _Write(lookup.key, lookup.decision, text, tags, self.generation, meta)
-        if not self.writer.submit(job):
-            self._stats.count("write.dropped")
 
     def _fail(self, lookup: Lookup, exc: BaseException) -> None:
         if lookup.flight is not None:
@@ -347,6 +349,14 @@ class RequestCache:
             self.guard.note_failure(lookup.key.flight, exc)
 
     def _write(self, job: _Write) -> bool:
+        """Store one answer, then let its flight go (repeats meanwhile were served from it)."""
+        try:
+            return self._store(job)
+        finally:
+            if job.flight is not None:
+                self.flights.drop(job.flight)
+
+    def _store(self, job: _Write) -> bool:
         """PII filter, templating, TTL with jitter, embedding, store; runs on the writer thread (warm-up: inline)."""
         skip = self._why_not_write(job)
         answer = None
@@ -464,13 +474,15 @@ class RequestCache:
             text = template_request(normalize_text(similar_to)).text
             similar = set(self.semantic.similar_ids(text, min_similarity, None))
             candidates = similar if candidates is None else candidates & similar
-        with self.faults.watch("delete"):       # an admin must not be told it worked: a store fault propagates
+        # an admin must not be told it worked: a store fault propagates. Under the write lock from the query on, so
+        # a write landing meanwhile is either matched here or dropped by the generation
+        with self.faults.watch("delete"), self.write_lock:
             if any(v is not None for v in (tag, partition, model, tenant)):
                 matching = set(self.store.ids(tag=tag, partition=partition, model=model, tenant=tenant))
                 candidates = matching if candidates is None else candidates & matching
-            with self.write_lock:
-                self.generation += 1
-                return self._remove(candidates)
+            self.generation += 1
+            self.flights.drop_answered()
+            return self._remove(candidates)
 
     def warmup(self, records: Iterable[dict], *, tenant: str = "default", model: str | None = None,
                sampling: dict | None = None) -> int:

@@ -62,9 +62,12 @@ class SingleFlight:
         flight.following = True
         return True
 
-    def finish(self, flight: Flight, outcome: object) -> None:
-        """Resolve a flight with a text, RELEASED, or an exception; safe to call from another thread."""
-        if self.flights.get(flight.key.flight) is flight:
+    def finish(self, flight: Flight, outcome: object, *, until_stored: bool = False) -> None:
+        """Resolve a flight with a text, RELEASED, or an exception; safe to call from another thread.
+
+        until_stored: the answer is on its way to the store; the flight stays joinable (a repeat gets the answer at
+        once, as "shared") until drop() says the write landed or was skipped, so no repeat falls into the gap."""
+        if not until_stored and self.flights.get(flight.key.flight) is flight:
             del self.flights[flight.key.flight]
 
         def resolve() -> None:
@@ -85,3 +88,23 @@ class SingleFlight:
             resolve()
         elif not loop.is_closed():
             loop.call_soon_threadsafe(resolve)
+
+    def drop(self, flight: Flight) -> None:
+        """Forget a flight kept by finish(until_stored=True); from the writer thread, so the removal runs on the
+        flight's loop, after the finish() that kept it."""
+
+        def remove() -> None:
+            if self.flights.get(flight.key.flight) is flight:
+                del self.flights[flight.key.flight]
+
+        loop = flight.future.get_loop()
+        if loop.is_closed():
+            remove()
+        else:
+            loop.call_soon_threadsafe(remove)
+
+    def drop_answered(self) -> None:
+        """Forget every flight kept for its write (an invalidation: their answers may be the stale ones)."""
+        for flight in list(self.flights.values()):
+            if flight.future.done():
+                self.drop(flight)

@@ -694,3 +694,57 @@ def test_a_language_the_bound_turned_off_is_never_embedded_on_the_request_path()
             assert cache.stats()["counters"]["semantic"]["off"] == 2      # the first question's lookup, and this one
         lookup.release()
     cache.close()
+
+
+def test_a_repeat_while_the_answer_is_being_stored_is_served_from_its_flight():
+    """Between an answer and its landing in the store (the writer thread embeds and writes it), a repeat takes the
+    answer as "shared" instead of computing again; once stored it is an exact hit and the flight is gone."""
+    cache = make()
+    gate = threading.Event()
+    write = cache.writer.handle
+    cache.writer.handle = lambda job: gate.wait(10) and write(job)      # the write is slow to land
+    computed = []
+
+    async def compute():
+        computed.append(1)
+        return "Paris."
+
+    async def go():
+        first = await cache.get_or_compute(chat("Capital of France?"), compute)
+        repeat = await cache.get_or_compute(chat("Capital of France?"), compute)
+        gate.set()
+        await cache.drain()
+        await asyncio.sleep(0)                           # the flight's removal runs on the loop
+        stored = await cache.get_or_compute(chat("Capital of France?"), compute)
+        return first, repeat, stored
+
+    (_, first), (text, repeat), (_, stored) = run(go())
+    assert computed == [1] and first.layer == "miss" and text == "Paris."
+    assert (repeat.layer, repeat.reason) == ("shared", "single-flight") and stored.layer == "exact"
+    assert cache.flights.flights == {}
+    cache.close()
+
+
+def test_an_invalidation_drops_answers_still_on_their_way_to_the_store():
+    cache = make()
+    gate = threading.Event()
+    write = cache.writer.handle
+    cache.writer.handle = lambda job: gate.wait(10) and write(job)
+    answers = iter(["old answer", "new answer"])
+
+    async def compute():
+        return next(answers)
+
+    async def go():
+        await cache.get_or_compute(chat("Summarise the plot of Hamlet"), compute)
+        await asyncio.to_thread(cache.invalidate, tenant="default")
+        await asyncio.sleep(0)
+        text, lookup = await cache.get_or_compute(chat("Summarise the plot of Hamlet"), compute)
+        gate.set()
+        await cache.drain()
+        return text, lookup
+
+    text, lookup = run(go())
+    assert (text, lookup.layer) == ("new answer", "miss")
+    assert [e.answer for e in cache.store.entries()] == ["new answer"]      # the stale write was dropped too
+    cache.close()
