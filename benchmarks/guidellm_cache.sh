@@ -10,9 +10,7 @@
 # Everything comes from the environment; nothing here names a machine path:
 #   PYTHON_GUIDELLM  python of the venv guidellm is installed in (not GUIDELLM_*: guidellm warns about GUIDELLM_
 #                  variables it does not know) (default: python3; install guidellm in its own venv:
-#                  python3 -m venv gl && gl/bin/pip install torch==2.13.0 guidellm==0.8.1). guidellm runs through
-#                  benchmarks/guidellm_strata.py, its own CLI minus the stream_options.continuous_usage_stats key that
-#                  strata answers 400 to (see that file and docs/benchmarking.md)
+#                  python3 -m venv gl && gl/bin/pip install torch==2.13.0 guidellm==0.8.1); stock guidellm, unmodified
 #   STRATA         strata executable (default: strata on PATH)
 #   TOKENIZER      tokenizer folder guidellm reads (default: $STRATA_HOME or ~/.cache/strata, models/SmolLM2-135M-Instruct,
 #                  the folder strata converts the default model into); nothing is fetched from a model hub
@@ -99,7 +97,7 @@ run_one() {  # $1 = name, $2... = extra strata serve flags
   model="$(curl -s "http://127.0.0.1:$PORT/v1/models" | python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')"
   echo "== $name: strata serve --cache-db none --num-threads $NUM_THREADS ${*:-(request cache on, the default)} on 127.0.0.1:$PORT, model $model, $REQUESTS requests" | tee "$OUT/$name.txt"
   # temperature 0: the request cache serves sampled (temperature > 0) answers only when a seed is given
-  "$PYTHON_GUIDELLM" "$here/guidellm_strata.py" run \
+  "$PYTHON_GUIDELLM" -m guidellm run \
     --backend "{\"kind\": \"openai_http\", \"target\": \"http://127.0.0.1:$PORT\", \"model\": \"$model\", \"request_format\": \"/v1/chat/completions\", \"extras\": {\"body\": {\"temperature\": 0}}}" \
     --tokenizer "kind=huggingface_auto,model=$TOKENIZER" \
     --data "kind=json_file,path=$work/prompts.jsonl" \

@@ -38,15 +38,15 @@ def openai_router(auth: Auth, completer: Completer, metrics: Metrics, max_body_b
             metrics.observe_error(endpoint, exc.status)
             raise
         shape = Shape(kind is ChatCompletionRequest, req.model)
-        include_usage = req.stream and req.stream_options is not None and req.stream_options.include_usage
+        include_usage, continuous = req.stream_options.usage_in() if req.stream and req.stream_options else (False, False)
         if req.stream and answer.cached_text is not None:
             # the same SSE events, written at once: a streaming response's task group costs a hit more than its lookup
-            events = _open(shape, answer) + _data(shape.chunk(answer.cached_text)) + \
+            events = _open(shape, answer) + _data(_content(shape, answer, answer.cached_text, continuous)) + \
                 _close(shape, answer, include_usage)
             metrics.observe(endpoint, answer)
             return Response(events, media_type="text/event-stream", headers=answer.headers())
         if req.stream:      # the background task runs even when the client left before the body was iterated
-            return StreamingResponse(_events(shape, answer, include_usage, metrics, endpoint),
+            return StreamingResponse(_events(shape, answer, include_usage, continuous, metrics, endpoint),
                                      media_type="text/event-stream", headers=answer.headers(),
                                      background=BackgroundTask(answer.release))
         if answer.cached_text is not None:
@@ -90,20 +90,26 @@ def _open(shape: Shape, answer: Answer) -> str:
     return _data(shape.chunk("", first=True) | {"strata": answer.strata()})
 
 
+def _content(shape: Shape, answer: Answer, piece: str, continuous: bool) -> dict:
+    """One content chunk, with the usage so far when the client asked for it in every chunk."""
+    return shape.chunk(piece) | ({"usage": answer.usage()} if continuous else {})
+
+
 def _close(shape: Shape, answer: Answer, include_usage: bool) -> str:
     """The finish reason, usage when asked for, then [DONE]."""
     usage = _data(shape.usage_chunk(answer.usage())) if include_usage else ""
     return _data(shape.chunk("", answer.finish_reason)) + usage + _data("[DONE]")
 
 
-async def _events(shape: Shape, answer: Answer, include_usage: bool, metrics: Metrics, endpoint: str):
+async def _events(shape: Shape, answer: Answer, include_usage: bool, continuous: bool, metrics: Metrics,
+                  endpoint: str):
     """SSE in OpenAI's chunk format; a client that goes away closes the pieces, which aborts the sequence."""
     status = 499
     try:
         yield _open(shape, answer)
         async with aclosing(answer.pieces) as pieces:
             async for piece in pieces:
-                yield _data(shape.chunk(piece))
+                yield _data(_content(shape, answer, piece, continuous))
         yield _close(shape, answer, include_usage)
         status = 200
     except Exception as exc:     # headers are gone: report in-band, as OpenAI does

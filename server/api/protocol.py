@@ -41,6 +41,11 @@ class Strict(BaseModel):
 
 class StreamOptions(Strict):
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False  # vLLM's: with include_usage, every chunk carries the usage so far
+
+    def usage_in(self) -> tuple[bool, bool]:
+        """(a final usage chunk, usage in every chunk)."""
+        return self.include_usage, self.include_usage and self.continuous_usage_stats
 
 
 class _Common(Strict):

@@ -68,6 +68,24 @@ def test_streaming_with_usage_and_cached_stream(server):
     assert results[0][1] == results[1][1] and results[0][1].strip()
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(server):
+    """vLLM's stream option (guidellm sends it): counts grow chunk by chunk up to the final usage, for a computed
+    answer and for its cached replay alike."""
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Name three fruits."}], max_tokens=12,
+                  temperature=0, stream=True, stream_options={"include_usage": True, "continuous_usage_stats": True})
+    layers = []
+    for _ in range(2):
+        raw = client(server).chat.completions.with_raw_response.create(**kwargs)
+        chunks = list(raw.parse())
+        content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+        counts = [c.usage.completion_tokens for c in content]
+        assert content and counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens > 0
+        assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens for c in content)
+        layers.append(raw.headers["x-strata-cache"])
+        server.settle()
+    assert layers == ["miss", "exact"]
+
+
 def test_paraphrase_is_a_semantic_hit(server):
     """The shipped semantic layer (real embedder, cross-encoder, certified tiers) serves a close paraphrase, marked
     as an answer to a similar question where only the similar tier is certified."""
