@@ -6,6 +6,7 @@ from strata.cache.kv.storage import KVStorage
 from strata.kernels import AttentionBackend, AttentionMetadata
 from strata.models.llama import LlamaForCausalLM
 from strata.server.engine.cuda_graph_runner import DecodeGraphs
+from strata.server.engine.logprobs import TokenLogprob, token_logprobs
 from strata.server.engine.sampler import sample
 from strata.server.engine.scheduler import ScheduledBatch
 from strata.server.engine.sequence import Sequence
@@ -32,14 +33,16 @@ class ModelRunner:
             self.swap.copy_blocks_to(self.kv, batch.swap_in)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int]]:
-        """Run one step; return the sequences that reached their last known token and their next tokens."""
+    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int], list[TokenLogprob | None]]:
+        """Run one step; return the sequences that reached their last known token, their next tokens and, for
+        those that asked, the tokens' logprobs."""
         hidden, sample_rows, sampled = self.forward(batch)
         if not sampled:
-            return [], []
+            return [], [], []
         try:
             logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
-            return sampled, sample(logits, sampled, self.eos_token_ids)
+            tokens = sample(logits, sampled, self.eos_token_ids)
+            return sampled, tokens, token_logprobs(logits, sampled, tokens)
         except BaseException:
             self._rewind(batch)
             raise
