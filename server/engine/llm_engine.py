@@ -44,6 +44,7 @@ class RequestOutput:
     ttft_s: float | None = None
     error: str | None = None      # finish_reason "error": why this request failed (the others went on)
     new_logprobs: list[TokenLogprob] = field(default_factory=list)   # of new_token_ids, when the request asked
+    prompt_logprobs: list[TokenLogprob] | None = None   # with the first output token, when the request asked
 
 
 def model_fingerprint(config: EngineConfig, model_path: Path | None, dtype: torch.dtype, kv_dtype: str) -> str:
@@ -280,6 +281,7 @@ class LLMEngine:
             ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
             error=seq.error,
             new_logprobs=new_logprobs or [],
+            prompt_logprobs=seq.prompt_logprobs if new_tokens and seq.num_output_tokens == 1 else None,
         )
 
     @torch.inference_mode()

@@ -5,11 +5,15 @@ top-k and top-p (vLLM's default "raw" mode), so they describe the model, not the
 that asked are computed, in one batched log-softmax, with their top alternatives from one torch.topk.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from strata.server.engine.sequence import Sequence
+if TYPE_CHECKING:       # sequence.py imports TokenLogprob from here
+    from strata.server.engine.sequence import Sequence
 
 
 @dataclass(slots=True, frozen=True)
@@ -17,7 +21,7 @@ class TokenLogprob:
     """One position: the token taken, its logprob, and the `top` most likely tokens as (token id, logprob)."""
 
     token_id: int
-    logprob: float
+    logprob: float | None           # None only for a prompt's first token
     top: tuple[tuple[int, float], ...] = ()
 
 
@@ -29,13 +33,29 @@ def token_logprobs(logits: torch.Tensor, seqs: list[Sequence], tokens: list) -> 
     if not rows:
         return out
     index = torch.tensor(rows, device=logits.device)
-    logp = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
-    chosen = logp.gather(1, torch.tensor([[tokens[i]] for i in rows], device=logp.device)).squeeze(1).tolist()
-    k = max(seqs[i].params.logprobs for i in rows)
-    top_values, top_ids = (logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long()))
-    top_values, top_ids = top_values.tolist(), top_ids.tolist()
-    for row, i in enumerate(rows):
-        want = seqs[i].params.logprobs
-        out[i] = TokenLogprob(tokens[i], chosen[row], tuple(zip(top_ids[row][:want], top_values[row][:want],
-                                                                       strict=True)))
+    entries = _entries(logits.index_select(0, index), [tokens[i] for i in rows],
+                       [seqs[i].params.logprobs for i in rows])
+    for i, entry in zip(rows, entries, strict=True):
+        out[i] = entry
     return out
+
+
+def fill_prompt_logprobs(logits: torch.Tensor, seq: Sequence, start: int) -> None:
+    """Prompt logprobs from one prefill chunk: logits [n, vocab] of positions start.. predict the tokens after
+    them; those still in the prompt are written into seq.prompt_logprobs (the last position's token is sampled)."""
+    targets = seq.token_ids[start + 1:min(start + logits.shape[0], seq.num_prompt_tokens - 1) + 1]
+    if not targets:
+        return
+    entries = _entries(logits[:len(targets)], targets, [seq.params.prompt_logprobs] * len(targets))
+    seq.prompt_logprobs[start + 1:start + 1 + len(entries)] = entries
+
+
+def _entries(logits: torch.Tensor, tokens: list[int], wants: list[int]) -> list[TokenLogprob]:
+    """Row r: the logprob of tokens[r] and the wants[r] most likely tokens, from one log-softmax and one topk."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(1, torch.tensor(tokens, device=logp.device).unsqueeze(1)).squeeze(1).tolist()
+    k = max(wants)
+    top_values, top_ids = logp.topk(k, dim=-1) if k else (logp[:, :0], logp[:, :0].long())
+    top_values, top_ids = top_values.tolist(), top_ids.tolist()
+    return [TokenLogprob(token, value, tuple(zip(ids[:want], values[:want], strict=True)))
+            for token, value, ids, values, want in zip(tokens, chosen, top_ids, top_values, wants, strict=True)]

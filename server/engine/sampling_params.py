@@ -43,6 +43,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logprobs: int | None = None     # None: none; k: the sampled token's logprob and the k most likely (engine/logprobs.py)
+    prompt_logprobs: int | None = None   # the same for each prompt token after the first (computed in prefill)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -68,9 +69,10 @@ class SamplingParams:
         if not (_number(self.repetition_penalty) and self.repetition_penalty > 0.0):
             raise InvalidParam(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}",
                                "repetition_penalty")
-        if self.logprobs is not None and not (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
-                                              and 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise InvalidParam(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}", "logprobs")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (type(value) is int and 0 <= value <= MAX_LOGPROBS):
+                raise InvalidParam(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", name)
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not (_number(value) and PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1]):

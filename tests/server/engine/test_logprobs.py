@@ -65,3 +65,29 @@ def test_logprobs_equal_hf_log_softmax_of_fp32_logits(default_model_dir):
             assert [t for t, _ in entry.top] == top_ids.tolist()
             assert [v for _, v in entry.top] == pytest.approx(top_values.tolist(), abs=1e-4)
     assert all(logprobs[i] == [] and len(tokens[i]) == NEW_TOKENS for i in ids[2:])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [16, 2048])     # prefill in chunks of 16 tokens, or whole
+def test_prompt_logprobs_equal_hf_and_skip_the_prefix_cache(default_model_dir, chunk):
+    engine = LLMEngine(EngineConfig(model=str(default_model_dir), dtype="fp32", kv_cache_memory="256MiB",
+                                    max_num_batched_tokens=chunk, max_num_seqs=4))
+    hf = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+    prompt = engine.inputs.encode("The capital of France is Paris. The capital of Italy is Rome. The capital of "
+                                  "Spain is Madrid. The capital of Germany is Berlin. The capital of Japan is")
+    assert len(prompt) > 2 * engine.config.block_size
+    engine.generate([prompt], SamplingParams(temperature=0, max_tokens=1))      # its blocks are now cached
+    seq = engine.inputs.make_sequence(prompt, SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3))
+    engine.enqueue(seq)
+    first = None
+    while engine.has_unfinished():
+        for out in engine.step():
+            first = first or out
+    assert first.num_cached_tokens == 0 and first.prompt_logprobs is not None
+    entries = first.prompt_logprobs
+    with torch.no_grad():
+        expected = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, :-1].float(), dim=-1)
+    assert [e.token_id for e in entries] == prompt and entries[0].logprob is None
+    for pos in range(1, len(prompt)):
+        assert entries[pos].logprob == pytest.approx(expected[pos - 1, prompt[pos]].item(), abs=1e-4)
+        assert [t for t, _ in entries[pos].top] == expected[pos - 1].topk(3).indices.tolist()
