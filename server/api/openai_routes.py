@@ -17,7 +17,7 @@ from strata.server.api.body import parse_body
 from strata.server.api.errors import APIError
 from strata.server.api.logprobs import LogprobsFormat
 from strata.server.api.metrics import Metrics
-from strata.server.api.protocol import ChatCompletionRequest, CompletionRequest, Shape, openapi_body
+from strata.server.api.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest, Shape, openapi_body
 from strata.server.api.serving import Answer, Completer
 
 log = logging.getLogger("strata.server")
@@ -92,12 +92,20 @@ def _data(obj: dict | str) -> str:
 
 async def _answers(completer: Completer, req: ChatCompletionRequest | CompletionRequest, tenant: str,
                    cache_control: str, client: str, started: float) -> list[Answer]:
-    """One answer per prompt (chat: one); when one prompt is refused, those taken already are released."""
+    """n answers per prompt (chat: one prompt), choice index prompt * n + sample; when one is refused, those taken
+    already are released."""
     prompts = [None] if isinstance(req, ChatCompletionRequest) else req.prompt
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise APIError(400, f"at most {MAX_CHOICES} choices per request (prompts x n), got {len(prompts) * req.n}",
+                       param="n", code="invalid_value")
     answers: list[Answer] = []
     try:
         for prompt in prompts:
-            answers.append(await completer.answer(req, tenant, cache_control, client, started, prompt))
+            leader = None
+            for sample in range(req.n):
+                answer = await completer.answer(req, tenant, cache_control, client, started, prompt, leader, sample)
+                answers.append(answer)
+                leader = leader or answer
     except BaseException:
         batch.release(answers)
         raise

@@ -30,6 +30,7 @@ TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]
 
 CacheMode = Literal["auto", "off", "exact-only", "refresh"]
 MAX_PROMPTS = 64        # prompts in one completions request: each is a sequence of its own in the engine
+MAX_CHOICES = 64        # choices in one request (prompts x n), for the same reason
 PROMPT_FORMS = "a string, a list of strings, a list of token ids or a list of lists of token ids"
 
 
@@ -81,7 +82,7 @@ class _Common(Strict):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: Stops = None
     seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1)    # what torch generators take
-    n: StrictInt = Field(default=1, ge=1, le=1)
+    n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from strata.cache.request.request_cache import AnswerMeta, CacheRequest, Lookup, RequestCache
 from strata.server.api.config import ServerConfig
@@ -50,6 +50,7 @@ class Answer:
     echo: str | None = None             # the prompt's text, streamed before the answer (completions' echo)
     scores_only: bool = False           # max_tokens 0 with echo: the token the engine sampled is not returned
     sent_logprobs: int = 0              # of logprobs, handed out by take_logprobs already
+    prefilled: asyncio.Event = field(default_factory=asyncio.Event)   # set at its first output (or its end)
 
     def release(self) -> None:
         """Let single-flight followers go if this answer was never computed (a client gone before its first byte);
@@ -94,9 +95,12 @@ class Completer:
         self.prompts = PromptTokens(engine.inputs)
 
     async def answer(self, req: ChatCompletionRequest | CompletionRequest, tenant: str, cache_control: str,
-                     client_id: str | None, started: float, prompt: str | list[int] | None = None) -> Answer:
+                     client_id: str | None, started: float, prompt: str | list[int] | None = None,
+                     leader: Answer | None = None, sample: int = 0) -> Answer:
         """started: when the request arrived (perf_counter), so latency and TTFT include parsing and lookup.
-        prompt: the completions prompt this answer is for (text or token ids; a request may carry several)."""
+        prompt: the completions prompt this answer is for (text or token ids; a request may carry several).
+        sample, leader: with n > 1, this answer is sample `sample` of its prompt; it starts once the prompt's first
+        sample (the leader) has been prefilled, so that it reuses the prompt's KV blocks from the prefix cache."""
         chat = isinstance(req, ChatCompletionRequest)
         self.check_model(req.model)
         prompt_param = "messages" if chat else "prompt"
@@ -112,13 +116,14 @@ class Completer:
             raise APIError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
         except ValueError as exc:
             raise APIError(400, str(exc), param=prompt_param) from None
-        params = self._params(req, len(ids), prompt_param)
+        params = self._params(req, len(ids), prompt_param, sample)
         if messages is not None:
             self.prompts.remember(chat, turns, ids)
         echo = not chat and bool(req.echo)
         # echo and logprobs answers carry the prompt and per-token data the response cache does not store: such a
         # request neither reads nor writes it; a token-id prompt has no text to key (or embed) by
-        bypass = "echo" if echo else "logprobs" if params.logprobs is not None \
+        # n > 1 asks for samples that differ; the cache holds one answer per question
+        bypass = "echo" if echo else "logprobs" if params.logprobs is not None else "n>1" if req.n > 1 \
             else "token-ids" if messages is None else None
         lookup = None if bypass else await self._lookup(req, tenant, messages, cache_control, client_id, chat)
         if lookup is not None and lookup.hit is not None:
@@ -144,7 +149,7 @@ class Completer:
             if lookup is not None:
                 lookup.release()        # followers compute themselves; nothing computed, nothing to remember
             raise exc if isinstance(exc, APIError) else bad_param(exc, prompt_param) from None
-        answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer)
+        answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer, leader)
         return answer
 
     def check_model(self, model: str) -> None:
@@ -177,7 +182,9 @@ class Completer:
         tokenizer = self.inputs.tokenizer
         return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else 0
 
-    def _params(self, req, prompt_tokens: int, prompt_param: str) -> SamplingParams:
+    def _params(self, req, prompt_tokens: int, prompt_param: str, sample: int = 0) -> SamplingParams:
+        """sample: which of the n samples; with a seed, sample j > 0 draws from seed + j (modulo 2**64), so the
+        samples differ and each is reproducible."""
         limit = self.info.max_model_len
         room = limit - prompt_tokens
         requested = req.requested_max_tokens()
@@ -194,7 +201,8 @@ class Completer:
                                 f"completion tokens.", param=req.max_tokens_param(), code="invalid_value")
         try:
             return SamplingParams(
-                temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop or [],
+                temperature=req.temperature, top_p=req.top_p, stop=req.stop or [],
+                seed=req.seed if req.seed is None or sample == 0 else (req.seed + sample) % 2**64,
                 # max_tokens 0: the prefill samples one token anyway (not returned), so asking for it costs nothing
                 max_tokens=1 if requested == 0 else requested or min(self.config.default_max_tokens, room),
                 min_tokens=req.min_tokens,
@@ -241,13 +249,16 @@ class Completer:
         return answer
 
     async def _generate(self, seq: Sequence, lookup: Lookup | None, tags: tuple[str, ...],
-                        answer: Answer) -> AsyncIterator[str]:
+                        answer: Answer, leader: Answer | None) -> AsyncIterator[str]:
         """Engine output as it comes; closing early aborts the sequence (blocks freed) and releases followers."""
         text, echo = "", answer.echo
         try:
+            if leader is not None:
+                await leader.prefilled.wait()
             async with aclosing(self.engine.submit(seq)) as outputs:
                 async for out in outputs:
                     answer.mark_first()
+                    answer.prefilled.set()
                     answer.cached_tokens = out.num_cached_tokens
                     if answer.logprobs is not None and out.prompt_logprobs:
                         answer.logprobs += out.prompt_logprobs
@@ -276,6 +287,8 @@ class Completer:
             if lookup is not None:
                 lookup.fail(exc)
             raise
+        finally:
+            answer.prefilled.set()          # later samples go on even when this one ended before its first output
         if lookup is not None:
             lookup.complete(text, tags=tags, meta=AnswerMeta(answer.finish_reason, answer.completion_tokens))
 
