@@ -91,3 +91,33 @@ def test_prompt_logprobs_equal_hf_and_skip_the_prefix_cache(default_model_dir, c
     for pos in range(1, len(prompt)):
         assert entries[pos].logprob == pytest.approx(expected[pos - 1, prompt[pos]].item(), abs=1e-4)
         assert [t for t, _ in entries[pos].top] == expected[pos - 1].topk(3).indices.tolist()
+
+
+def test_a_logprobs_fault_on_one_request_fails_that_request_only(tiny_model_dirs, monkeypatch):
+    """Logprobs are computed inside the step's retry: one request's fault there leaves the others' tokens as they
+    would have been."""
+    from strata.server.engine import model_runner
+
+    engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["tiny-llama"]), dtype="fp32", kv_cache_memory="8MiB",
+                                    block_size=8))
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    reference = engine.generate([[5, 6, 7]], params)[0]
+    real_fill = model_runner.fill_prompt_logprobs
+
+    def fill_unless_poisoned(logits, seq, start):
+        if seq.request_id == "poisoned":
+            raise RuntimeError("simulated logprobs fault")
+        real_fill(logits, seq, start)
+
+    monkeypatch.setattr(model_runner, "fill_prompt_logprobs", fill_unless_poisoned)
+    good = engine.add_request([5, 6, 7], params)
+    engine.add_request([9, 10, 11, 12], params, request_id="poisoned")
+    done, first = {}, {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            first.setdefault(out.request_id, out)
+            if out.finished:
+                done[out.request_id] = out
+    assert done["poisoned"].finish_reason == "error" and done["poisoned"].token_ids == []
+    assert done[good].token_ids == reference.token_ids and len(first[good].prompt_logprobs) == 3
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
