@@ -1,5 +1,5 @@
-"""The answers of one request as a whole: a completions request carries one prompt or several (one choice per
-prompt, in order), and chat always one. Their texts are awaited together, their pieces merged into one stream, their
+"""The answers of one request as a whole: one choice per prompt (completions may carry several) and sample (`n`),
+in order. Their texts are awaited together, their pieces merged into one stream, their
 usage summed; one that fails cancels the rest (whose sequences are aborted, their blocks freed)."""
 from __future__ import annotations
 
