@@ -83,9 +83,10 @@ class BlockManager:
         return hashes[:num_blocks]
 
     # -- allocation -------------------------------------------------------------------------------------
-    def match_prefix(self, seq: BlockTableOwner) -> list[int]:
-        """Cached blocks equal to the start of seq's tokens (never its last token: that one must be computed)."""
-        if not self.enable_prefix_caching:
+    def match_prefix(self, seq: BlockTableOwner, reuse: bool = True) -> list[int]:
+        """Cached blocks equal to the start of seq's tokens (never its last token: that one must be computed);
+        none when not `reuse` (a sequence that needs every prompt position computed)."""
+        if not self.enable_prefix_caching or not reuse:
             return []
         hits = []
         for i, h in enumerate(self.block_hashes(seq, (len(seq.token_ids) - 1) // self.block_size)):
@@ -95,18 +96,19 @@ class BlockManager:
             hits.append(block_id)
         return hits
 
-    def can_allocate(self, seq: BlockTableOwner, num_tokens: int, reserve: int = 0) -> bool:
+    def can_allocate(self, seq: BlockTableOwner, num_tokens: int, reserve: int = 0, reuse: bool = True) -> bool:
         """Whether blocks for seq's first num_tokens tokens fit, keeping `reserve` blocks free for decodes."""
-        hits = self.match_prefix(seq)
+        hits = self.match_prefix(seq, reuse)
         reused_free = sum(1 for b in hits if self.blocks[b].ref_count == 0)
         needed = self.blocks_needed(num_tokens) - len(hits)
         return needed + reused_free <= self.num_free_blocks - reserve
 
-    def allocate(self, seq: BlockTableOwner, num_tokens: int) -> int:
-        """Give seq blocks for its first num_tokens tokens; return how many leading tokens are already cached."""
+    def allocate(self, seq: BlockTableOwner, num_tokens: int, reuse: bool = True) -> int:
+        """Give seq blocks for its first num_tokens tokens; return how many leading tokens are already cached
+        (none when not `reuse`)."""
         if seq.block_table:
             raise RuntimeError("sequence already holds blocks")
-        hits = self.match_prefix(seq)
+        hits = self.match_prefix(seq, reuse)
         if self.enable_prefix_caching:
             self.stats.queries += 1
             self.stats.queried_tokens += len(seq.token_ids)

@@ -6,17 +6,14 @@ import uuid
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from strata.server.api.unsupported import (
     BestOf,
-    CompletionLogprobs,
-    Echo,
-    Logprobs,
     NullOnly,
     ResponseFormat,
-    TopLogprobs,
 )
-from strata.server.engine.sampling_params import MAX_STOPS, PENALTY_RANGE
+from strata.server.engine.sampling_params import MAX_LOGPROBS, MAX_STOPS, PENALTY_RANGE, InvalidParam
 
 # Sampling fields beyond the original few (OpenAI's penalties, vLLM's extensions) that change the answer: part of the
 # exact-cache key when not at their defaults.
@@ -29,8 +26,41 @@ Stops = Annotated[Annotated[list[str], Field(max_length=MAX_STOPS)] | None,
                   WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                                                    "maxItems": MAX_STOPS}, {"type": "null"}]})]
 Penalty = Annotated[float, Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1], allow_inf_nan=False)]
+TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]
 
 CacheMode = Literal["auto", "off", "exact-only", "refresh"]
+MAX_PROMPTS = 64        # prompts in one completions request: each is a sequence of its own in the engine
+MAX_CHOICES = 64        # choices in one request (prompts x n), for the same reason
+PROMPT_FORMS = "a string, a list of strings, a list of token ids or a list of lists of token ids"
+
+
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int and t >= 0 for t in value)
+
+
+def as_prompts(value):
+    """OpenAI's four prompt forms as one list of prompts (each a string or a list of token ids), so the error of a
+    malformed or empty one names `prompt` itself, not a member of a union."""
+    if isinstance(value, str):
+        return [value]
+    if _is_ids(value):
+        return [value]
+    if isinstance(value, list) and value and (all(isinstance(v, str) for v in value) or all(map(_is_ids, value))):
+        if len(value) > MAX_PROMPTS:
+            raise PydanticCustomError("invalid_value", "at most {n} prompts per request", {"n": MAX_PROMPTS})
+        return value
+    raise PydanticCustomError("invalid_value", "prompt must be {forms}, none of them empty (token ids >= 0)",
+                              {"forms": PROMPT_FORMS})
+
+
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+Prompts = Annotated[list[str | list[int]], BeforeValidator(as_prompts),
+                    WithJsonSchema({"anyOf": [{"type": "string"},
+                                              {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                                               "maxItems": MAX_PROMPTS},
+                                              _IDS,
+                                              {"type": "array", "items": _IDS, "minItems": 1,
+                                               "maxItems": MAX_PROMPTS}]})]
 
 
 class Strict(BaseModel):
@@ -57,7 +87,7 @@ class _Common(Strict):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: Stops = None
     seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1)    # what torch generators take
-    n: StrictInt = Field(default=1, ge=1, le=1)
+    n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -111,9 +141,18 @@ def plain_messages(messages: list[ChatMessage]) -> list[dict]:
 class ChatCompletionRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    logprobs: Logprobs = None
-    top_logprobs: TopLogprobs = None
+    logprobs: StrictBool | None = None
+    top_logprobs: TopLogprobs | None = None
     response_format: ResponseFormat = None
+
+    def requested_logprobs(self) -> int | None:
+        """How many alternatives per token the engine returns (None: no logprobs). top_logprobs without logprobs
+        is refused, as OpenAI does: the client would get none of what it asked for."""
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise InvalidParam("top_logprobs needs logprobs: true", "top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
     def plain_messages(self) -> list[dict]:
         return plain_messages(self.messages)
@@ -127,20 +166,21 @@ class ChatCompletionRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] = Field(min_length=1)
-    logprobs: CompletionLogprobs = None
-    echo: Echo = None
+    prompt: Prompts
+    max_tokens: StrictInt | None = Field(default=None, ge=0)    # 0 with echo: score the prompt, generate nothing
+    logprobs: TopLogprobs | None = None     # the legacy form: how many alternatives per token
+    echo: StrictBool | None = None
     best_of: BestOf = None
-
-    def prompt_text(self) -> str:
-        if isinstance(self.prompt, list):
-            if len(self.prompt) != 1:
-                raise ValueError("only one prompt per request is supported")
-            return self.prompt[0]
-        return self.prompt
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def requested_prompt_logprobs(self) -> int | None:
+        """Echo with logprobs gives the prompt's tokens theirs too."""
+        return self.logprobs if self.echo else None
 
     def max_tokens_param(self) -> str:
         return "max_tokens"
@@ -166,22 +206,26 @@ class Shape:
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def response(self, text: str, finish_reason: str | None, usage_: dict, strata: dict) -> dict:
+    def response(self, choices: list[tuple[str, str | None, dict | None]], usage_: dict,
+                 strata: dict | list[dict]) -> dict:
+        """choices: (text, finish_reason, logprobs) per choice, in index order."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
-            body = self._envelope("chat.completion", [choice])
+            body = self._envelope("chat.completion", [
+                {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                 "finish_reason": finish_reason} for i, (text, finish_reason, logprobs) in enumerate(choices)])
         else:
-            body = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
-                                                       "finish_reason": finish_reason}])
+            body = self._envelope("text_completion", [
+                {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+                for i, (text, finish_reason, logprobs) in enumerate(choices)])
         return body | {"usage": usage_, "strata": strata}
 
-    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False) -> dict:
+    def chunk(self, text: str, finish_reason: str | None = None, first: bool = False,
+              logprobs: dict | None = None, index: int = 0) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text} if text else {}
-            return self._envelope("chat.completion.chunk", [{"index": 0, "delta": delta, "logprobs": None,
+            return self._envelope("chat.completion.chunk", [{"index": index, "delta": delta, "logprobs": logprobs,
                                                              "finish_reason": finish_reason}])
-        return self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
+        return self._envelope("text_completion", [{"index": index, "text": text, "logprobs": logprobs,
                                                    "finish_reason": finish_reason}])
 
     def usage_chunk(self, usage_: dict) -> dict:

@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from strata.cache.request.request_cache import AnswerMeta, CacheRequest, Lookup, RequestCache
 from strata.server.api.config import ServerConfig
@@ -15,6 +15,7 @@ from strata.server.api.prompts import INLINE_CHARS, PromptTokens, PromptTooLong
 from strata.server.api.protocol import ChatCompletionRequest, CompletionRequest, usage
 from strata.server.engine.engine_client import EngineClient, EngineRequestFailed, EngineUnavailable
 from strata.server.engine.input_processor import RequestError
+from strata.server.engine.logprobs import TokenLogprob
 from strata.server.engine.sampling_params import InvalidParam, SamplingParams
 from strata.server.engine.sequence import Sequence
 
@@ -45,6 +46,11 @@ class Answer:
     started: float = 0.0                # perf_counter at arrival
     ttft_s: float | None = None
     lookup: Lookup | None = None        # a miss's cache lookup: completed, failed, or released when given up
+    logprobs: list[TokenLogprob] | None = None   # per token (echoed prompt's first), when asked (None: not asked)
+    echo: str | None = None             # the prompt's text, streamed before the answer (completions' echo)
+    scores_only: bool = False           # max_tokens 0 with echo: the token the engine sampled is not returned
+    sent_logprobs: int = 0              # of logprobs, handed out by take_logprobs already
+    prefilled: asyncio.Event = field(default_factory=asyncio.Event)   # set at its first output (or its end)
 
     def release(self) -> None:
         """Let single-flight followers go if this answer was never computed (a client gone before its first byte);
@@ -63,6 +69,12 @@ class Answer:
 
     def usage(self) -> dict:
         return usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The logprobs not handed out yet: a stream sends each token's with the chunk that carries its text."""
+        fresh = self.logprobs[self.sent_logprobs:]
+        self.sent_logprobs = len(self.logprobs)
+        return fresh
 
     def mark_first(self) -> None:
         if self.ttft_s is None:
@@ -83,29 +95,47 @@ class Completer:
         self.prompts = PromptTokens(engine.inputs)
 
     async def answer(self, req: ChatCompletionRequest | CompletionRequest, tenant: str, cache_control: str,
-                     client_id: str | None, started: float) -> Answer:
-        """started: when the request arrived (perf_counter), so latency and TTFT include parsing and lookup."""
+                     client_id: str | None, started: float, prompt: str | list[int] | None = None,
+                     leader: Answer | None = None, sample: int = 0) -> Answer:
+        """started: when the request arrived (perf_counter), so latency and TTFT include parsing and lookup.
+        prompt: the completions prompt this answer is for (text or token ids; a request may carry several).
+        sample, leader: with n > 1, this answer is sample `sample` of its prompt; it starts once the prompt's first
+        sample (the leader) has been prefilled, so that it reuses the prompt's KV blocks from the prefix cache."""
         chat = isinstance(req, ChatCompletionRequest)
         self.check_model(req.model)
         prompt_param = "messages" if chat else "prompt"
+        messages = None
         try:
-            messages = req.plain_messages() if chat else [{"role": "user", "content": req.prompt_text()}]
-            turns = tuple((m["role"], m["content"]) for m in messages)
-            ids = await self.prompts.tokens(chat, turns)
+            if isinstance(prompt, list):
+                ids = self.checked_ids(prompt)
+            else:
+                messages = req.plain_messages() if chat else [{"role": "user", "content": prompt}]
+                turns = tuple((m["role"], m["content"]) for m in messages)
+                ids = await self.prompts.tokens(chat, turns)
         except PromptTooLong as exc:
             raise APIError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
         except ValueError as exc:
             raise APIError(400, str(exc), param=prompt_param) from None
-        params = self._params(req, len(ids), prompt_param)
-        self.prompts.remember(chat, turns, ids)
-        lookup = await self._lookup(req, tenant, messages, cache_control, client_id, chat)
+        params = self._params(req, len(ids), prompt_param, sample)
+        if messages is not None:
+            self.prompts.remember(chat, turns, ids)
+        echo = not chat and bool(req.echo)
+        # echo and logprobs answers carry the prompt and per-token data the response cache does not store: such a
+        # request neither reads nor writes it; a token-id prompt has no text to key (or embed) by
+        # n > 1 asks for samples that differ; the cache holds one answer per question
+        bypass = "echo" if echo else "logprobs" if params.logprobs is not None else "n>1" if req.n > 1 \
+            else "token-ids" if messages is None else None
+        lookup = None if bypass else await self._lookup(req, tenant, messages, cache_control, client_id, chat)
         if lookup is not None and lookup.hit is not None:
             return await self._replay(req, lookup, len(ids), started)
         if lookup is not None and lookup.error is not None:
             err = lookup.error
             raise APIError(400, str(err)) if isinstance(err, RequestError) else err
-        answer = Answer(lookup.layer if lookup else "bypass", lookup.reason if lookup else "no-cache-configured",
-                        None, len(ids), started=started, lookup=lookup)
+        answer = Answer(lookup.layer if lookup else "bypass",
+                        lookup.reason if lookup else bypass or "no-cache-configured", None, len(ids),
+                        started=started, lookup=lookup, logprobs=[] if params.logprobs is not None else None,
+                        echo=self.echo_text(prompt, ids) if echo else None,
+                        scores_only=req.requested_max_tokens() == 0)
         try:
             if self.engine.num_pending >= self.config.max_queue:
                 raise APIError(503, f"server overloaded: {self.engine.num_pending} requests queued; retry shortly",
@@ -118,8 +148,8 @@ class Completer:
         except (APIError, RequestError, InvalidParam) as exc:
             if lookup is not None:
                 lookup.release()        # followers compute themselves; nothing computed, nothing to remember
-            raise exc if isinstance(exc, APIError) else bad_param(exc) from None
-        answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer)
+            raise exc if isinstance(exc, APIError) else bad_param(exc, prompt_param) from None
+        answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer, leader)
         return answer
 
     def check_model(self, model: str) -> None:
@@ -127,6 +157,20 @@ class Completer:
         if model != self.info.model_id:
             raise APIError(404, f"The model '{model}' does not exist; this server serves '{self.info.model_id}'",
                            param="model", code="model_not_found")
+
+    def echo_text(self, prompt: str | list[int], ids: tuple[int, ...]) -> str:
+        """The prompt as echoed: its text, or a token-id prompt decoded."""
+        if isinstance(prompt, str):
+            return prompt
+        tokenizer = self.inputs.tokenizer
+        return tokenizer.decode(list(ids)) if tokenizer is not None else ""
+
+    def checked_ids(self, ids: list[int]) -> tuple[int, ...]:
+        """A token-id prompt, each id in the vocabulary (they index the embedding table)."""
+        vocab = self.info.vocab_size
+        if any(t >= vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab}) for this model")
+        return tuple(ids)
 
     async def count_tokens(self, text: str) -> int:
         """Tokens of a text (an answer stored without its count, a note): long texts in a worker thread."""
@@ -138,7 +182,9 @@ class Completer:
         tokenizer = self.inputs.tokenizer
         return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else 0
 
-    def _params(self, req, prompt_tokens: int, prompt_param: str) -> SamplingParams:
+    def _params(self, req, prompt_tokens: int, prompt_param: str, sample: int = 0) -> SamplingParams:
+        """sample: which of the n samples; with a seed, sample j > 0 draws from seed + j (modulo 2**64), so the
+        samples differ and each is reproducible."""
         limit = self.info.max_model_len
         room = limit - prompt_tokens
         requested = req.requested_max_tokens()
@@ -147,17 +193,24 @@ class Completer:
                                 f"{prompt_tokens + (requested or 1)} tokens ({prompt_tokens} in the {prompt_param}, "
                                 f"{requested or 1} in the completion).", param=prompt_param,
                            code="context_length_exceeded")
+        if requested == 0 and not (isinstance(req, CompletionRequest) and req.echo):
+            raise APIError(400, "max_tokens 0 is only for scoring a prompt (with echo: true)", param="max_tokens",
+                           code="invalid_value")
         if requested is not None and requested > limit:
             raise APIError(400, f"max_tokens is too large: {requested}. This model supports at most {limit} "
                                 f"completion tokens.", param=req.max_tokens_param(), code="invalid_value")
         try:
             return SamplingParams(
-                temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop=req.stop or [],
-                max_tokens=requested or min(self.config.default_max_tokens, room), min_tokens=req.min_tokens,
+                temperature=req.temperature, top_p=req.top_p, stop=req.stop or [],
+                seed=req.seed if req.seed is None or sample == 0 else (req.seed + sample) % 2**64,
+                # max_tokens 0: the prefill samples one token anyway (not returned), so asking for it costs nothing
+                max_tokens=1 if requested == 0 else requested or min(self.config.default_max_tokens, room),
+                min_tokens=req.min_tokens,
                 ignore_eos=req.ignore_eos, stop_token_ids=list(req.stop_token_ids),
                 repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, skip_special_tokens=req.skip_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output)
+                include_stop_str_in_output=req.include_stop_str_in_output, logprobs=req.requested_logprobs(),
+                prompt_logprobs=req.requested_prompt_logprobs() if isinstance(req, CompletionRequest) else None)
         except InvalidParam as exc:
             raise bad_param(exc) from None
 
@@ -196,16 +249,30 @@ class Completer:
         return answer
 
     async def _generate(self, seq: Sequence, lookup: Lookup | None, tags: tuple[str, ...],
-                        answer: Answer) -> AsyncIterator[str]:
+                        answer: Answer, leader: Answer | None) -> AsyncIterator[str]:
         """Engine output as it comes; closing early aborts the sequence (blocks freed) and releases followers."""
-        text = ""
+        text, echo = "", answer.echo
         try:
+            if leader is not None:
+                await leader.prefilled.wait()
             async with aclosing(self.engine.submit(seq)) as outputs:
                 async for out in outputs:
                     answer.mark_first()
-                    answer.completion_tokens, answer.cached_tokens = len(out.token_ids), out.num_cached_tokens
+                    answer.prefilled.set()
+                    answer.cached_tokens = out.num_cached_tokens
+                    if answer.logprobs is not None and out.prompt_logprobs:
+                        answer.logprobs += out.prompt_logprobs
+                    if echo:                 # the prompt's text first, with its tokens' logprobs
+                        yield echo
+                        echo = None
+                    if answer.scores_only:
+                        answer.finish_reason = "length"
+                        continue
+                    answer.completion_tokens = len(out.token_ids)
                     if out.finished:
                         answer.finish_reason, text = out.finish_reason, out.text
+                    if answer.logprobs is not None:
+                        answer.logprobs += out.new_logprobs
                     if out.new_text:
                         yield out.new_text
         except EngineUnavailable as exc:
@@ -220,13 +287,16 @@ class Completer:
             if lookup is not None:
                 lookup.fail(exc)
             raise
+        finally:
+            answer.prefilled.set()          # later samples go on even when this one ended before its first output
         if lookup is not None:
             lookup.complete(text, tags=tags, meta=AnswerMeta(answer.finish_reason, answer.completion_tokens))
 
 
-def bad_param(exc: ValueError) -> APIError:
-    """Input the engine refuses (RequestError, InvalidParam), as a 400 naming the field when one is at fault."""
-    param = exc.param if isinstance(exc, InvalidParam) else None
+def bad_param(exc: ValueError, prompt_param: str | None = None) -> APIError:
+    """Input the engine refuses (RequestError, InvalidParam), as a 400 naming the field when one is at fault: a
+    RequestError from making the sequence is about the prompt (empty, too long for the KV cache)."""
+    param = exc.param if isinstance(exc, InvalidParam) else prompt_param
     return APIError(400, str(exc), param=param, code="invalid_value" if param else None)
 
 

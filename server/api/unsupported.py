@@ -1,5 +1,5 @@
 """OpenAI request fields this server does not honour: a client that relies on one gets a 400 naming it, never an
-answer that silently ignored it (a benchmark scoring tool calls or log-probabilities would measure nothing)."""
+answer that silently ignored it (a benchmark scoring tool calls would measure nothing)."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -51,10 +51,6 @@ class TextFormat(BaseModel):
     type: Literal["text"]
 
 
-Logprobs = Annotated[Literal[False] | None, only("log-probabilities are not supported (only false or null)", False)]
-TopLogprobs = Annotated[Literal[0] | None, only("log-probabilities are not supported (only 0 or null)", 0)]
-CompletionLogprobs = Annotated[None, only("log-probabilities are not supported (only null)")]
-Echo = Annotated[Literal[False] | None, only("echoing the prompt is not supported (only false or null)", False)]
 BestOf = Annotated[Literal[1] | None, only("best_of is not supported (only 1 or null)", 1)]
 ResponseFormat = Annotated[TextFormat | None, only("only the text response format is supported (no JSON mode or "
                                                    "JSON schema)", {"type": "text"})]

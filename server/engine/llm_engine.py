@@ -2,7 +2,7 @@
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ from strata.server.engine.config import EngineConfig, kv_cache_bytes
 from strata.server.engine.cuda_graph_runner import DecodeGraphs, captures_decode_graphs
 from strata.server.engine.detokenizer import Detokenizer
 from strata.server.engine.input_processor import InputProcessor, ModelInfo, RequestError, load_tokenizer
+from strata.server.engine.logprobs import TokenLogprob
 from strata.server.engine.model_runner import ModelRunner
 from strata.server.engine.sampler import RowError
 from strata.server.engine.sampling_params import SamplingParams
@@ -42,6 +43,8 @@ class RequestOutput:
     num_cached_tokens: int
     ttft_s: float | None = None
     error: str | None = None      # finish_reason "error": why this request failed (the others went on)
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)   # of new_token_ids, when the request asked
+    prompt_logprobs: list[TokenLogprob] | None = None   # with the first output token, when the request asked
 
 
 def model_fingerprint(config: EngineConfig, model_path: Path | None, dtype: torch.dtype, kv_dtype: str) -> str:
@@ -168,41 +171,45 @@ class LLMEngine:
             return outputs
         stepped = [seq for seq, _ in batch.prefills] + batch.decodes
         try:
-            sampled, tokens = self.runner.run(batch)
+            sampled, tokens, logprobs = self.runner.run(batch)
         except Exception:           # one request's fault must not fail the others: find it by running each alone
             log.exception("engine step of %d requests failed; running them one by one", len(stepped))
-            sampled, tokens = self._run_one_by_one(batch)
+            sampled, tokens, logprobs = self._run_one_by_one(batch)
         for seq in stepped:
             if not seq.finished:
                 self.block_manager.register_computed(seq, seq.num_computed_tokens)
         now = time.perf_counter()
-        for seq, token in zip(sampled, tokens, strict=True):
-            outputs.append(self._fail(seq, token) if isinstance(token, RowError) else self._append_token(seq, token, now))
+        for seq, token, logprob in zip(sampled, tokens, logprobs, strict=True):
+            outputs.append(self._fail(seq, token) if isinstance(token, RowError)
+                           else self._append_token(seq, token, now, logprob))
         return outputs
 
-    def _run_one_by_one(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int | RowError]]:
+    def _run_one_by_one(self, batch: ScheduledBatch
+                        ) -> tuple[list[Sequence], list[int | RowError], list[TokenLogprob | None]]:
         """Each sequence of a failed step alone (a model call that raised advanced nothing, and rewriting the same KV
         slots is harmless); the ones that fail alone get a RowError. Block copies already ran with the batch."""
-        sampled, tokens = [], []
+        sampled, tokens, logprobs = [], [], []
         alone = [ScheduledBatch(prefills=[part]) for part in batch.prefills] + \
                 [ScheduledBatch(decodes=[seq]) for seq in batch.decodes]
         for sub in alone:
             try:
-                got, toks = self.runner.run(sub)
+                got, toks, lps = self.runner.run(sub)
             except Exception as exc:
                 seq = (sub.prefills[0][0] if sub.prefills else sub.decodes[0])
                 log.error("request %s failed in the engine: %s: %s", seq.request_id, type(exc).__name__, exc)
-                got, toks = [seq], [RowError(f"the engine failed on this request ({type(exc).__name__})")]
+                got, toks, lps = [seq], [RowError(f"the engine failed on this request ({type(exc).__name__})")], [None]
             sampled += got
             tokens += toks
-        return sampled, tokens
+            logprobs += lps
+        return sampled, tokens, logprobs
 
     def _fail(self, seq: Sequence, why: str) -> RequestOutput:
         """End one request with finish_reason "error" and free what it holds."""
         seq.finish_reason, seq.error = "error", str(why)
         return self._finish(seq)
 
-    def _append_token(self, seq: Sequence, token: int, now: float) -> RequestOutput:
+    def _append_token(self, seq: Sequence, token: int, now: float, logprob: TokenLogprob | None = None
+                      ) -> RequestOutput:
         seq.token_ids.append(token)
         self.num_generated_tokens += 1
         if seq.first_token_time is None:
@@ -221,9 +228,10 @@ class LLMEngine:
         elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.max_model_len:
             seq.finish_reason = "length"
         new_text = self._release_text(seq)
+        logprobs = [logprob] if logprob is not None else []
         if seq.finish_reason is not None:
-            return self._finish(seq, [token], new_text)
-        return self._output(seq, [token], new_text)
+            return self._finish(seq, [token], new_text, logprobs)
+        return self._output(seq, [token], new_text, logprobs)
 
     @staticmethod
     def _release_text(seq: Sequence) -> str:
@@ -247,17 +255,19 @@ class LLMEngine:
         seq.output_text = seq.output_text[:start + length if seq.params.include_stop_str_in_output else start]
         return True
 
-    def _finish(self, seq: Sequence, new_tokens: list[int] | None = None, new_text: str = "") -> RequestOutput:
+    def _finish(self, seq: Sequence, new_tokens: list[int] | None = None, new_text: str = "",
+                new_logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         self.requests.pop(seq.request_id, None)
         self._release(seq)
-        return self._output(seq, new_tokens or [], new_text)
+        return self._output(seq, new_tokens or [], new_text, new_logprobs or [])
 
     def _release(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)
         if self.detokenizer:
             self.detokenizer.forget(seq.request_id)
 
-    def _output(self, seq: Sequence, new_tokens: list[int], new_text: str) -> RequestOutput:
+    def _output(self, seq: Sequence, new_tokens: list[int], new_text: str,
+                new_logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         return RequestOutput(
             request_id=seq.request_id,
             token_ids=seq.output_token_ids,
@@ -270,6 +280,8 @@ class LLMEngine:
             num_cached_tokens=seq.num_cached_tokens,
             ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
             error=seq.error,
+            new_logprobs=new_logprobs or [],
+            prompt_logprobs=seq.prompt_logprobs if new_tokens and seq.num_output_tokens == 1 else None,
         )
 
     @torch.inference_mode()

@@ -6,6 +6,7 @@ from strata.cache.kv.storage import KVStorage
 from strata.kernels import AttentionBackend, AttentionMetadata
 from strata.models.llama import LlamaForCausalLM
 from strata.server.engine.cuda_graph_runner import DecodeGraphs
+from strata.server.engine.logprobs import TokenLogprob, fill_prompt_logprobs, token_logprobs
 from strata.server.engine.sampler import sample
 from strata.server.engine.scheduler import ScheduledBatch
 from strata.server.engine.sequence import Sequence
@@ -32,17 +33,29 @@ class ModelRunner:
             self.swap.copy_blocks_to(self.kv, batch.swap_in)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int]]:
-        """Run one step; return the sequences that reached their last known token and their next tokens."""
+    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int], list[TokenLogprob | None]]:
+        """Run one step; return the sequences that reached their last known token, their next tokens and, for
+        those that asked, the tokens' logprobs."""
         hidden, sample_rows, sampled = self.forward(batch)
-        if not sampled:
-            return [], []
         try:
+            self._prompt_logprobs(batch, hidden)
+            if not sampled:
+                return [], [], []
             logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
-            return sampled, sample(logits, sampled, self.eos_token_ids)
+            tokens = sample(logits, sampled, self.eos_token_ids)
+            return sampled, tokens, token_logprobs(logits, sampled, tokens)
         except BaseException:
             self._rewind(batch)
             raise
+
+    def _prompt_logprobs(self, batch: ScheduledBatch, hidden: torch.Tensor) -> None:
+        """Prompt logprobs of the prefill chunks that asked (a chunk's rows come first in the batch, in order)."""
+        row = 0
+        for seq, n in batch.prefills:
+            start = seq.num_computed_tokens - n          # forward advanced it already
+            if seq.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
+                fill_prompt_logprobs(self.model.compute_logits(hidden[row:row + n]), seq, start)
+            row += n
 
     @staticmethod
     def _rewind(batch: ScheduledBatch) -> None:

@@ -8,6 +8,7 @@ MIN_TEMPERATURE = 1e-5
 SEED_RANGE = (-(2**63), 2**64 - 1)       # what torch.Generator.manual_seed takes
 PENALTY_RANGE = (-2.0, 2.0)              # presence and frequency penalties, as OpenAI bounds them
 MAX_STOPS = 16
+MAX_LOGPROBS = 20                        # top alternatives per token, as OpenAI bounds top_logprobs
 
 
 class InvalidParam(ValueError):
@@ -41,6 +42,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logprobs: int | None = None     # None: none; k: the sampled token's logprob and the k most likely (engine/logprobs.py)
+    prompt_logprobs: int | None = None   # the same for each prompt token after the first (computed in prefill)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -66,6 +69,10 @@ class SamplingParams:
         if not (_number(self.repetition_penalty) and self.repetition_penalty > 0.0):
             raise InvalidParam(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}",
                                "repetition_penalty")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (type(value) is int and 0 <= value <= MAX_LOGPROBS):
+                raise InvalidParam(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {value!r}", name)
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not (_number(value) and PENALTY_RANGE[0] <= value <= PENALTY_RANGE[1]):

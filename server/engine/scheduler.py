@@ -81,14 +81,16 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not self.swapped:
             seq = self.waiting[0]
             reserve = self.watermark if self.running else 0
-            if not self.blocks.can_allocate(seq, len(seq.token_ids), reserve):
+            # prompt logprobs need every prompt position computed: such a sequence reuses no cached prefix
+            reuse = seq.params.prompt_logprobs is None
+            if not self.blocks.can_allocate(seq, len(seq.token_ids), reserve, reuse):
                 if not self.running and self.blocks.blocks_needed(len(seq.token_ids)) > self.blocks.num_blocks:
                     self.waiting.popleft()
                     batch.failed.append(seq)
                     continue
                 break
             self.waiting.popleft()
-            seq.num_cached_tokens = self.blocks.allocate(seq, len(seq.token_ids))
+            seq.num_cached_tokens = self.blocks.allocate(seq, len(seq.token_ids), reuse)
             seq.num_computed_tokens = seq.num_cached_tokens
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from strata.server.engine.logprobs import TokenLogprob
 from strata.server.engine.sampling_params import SamplingParams
 
 
@@ -39,9 +40,14 @@ class Sequence:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     generator: torch.Generator | None = None
+    # with params.prompt_logprobs: one TokenLogprob per prompt token (the first has no logprob: nothing precedes it),
+    # None until its prefill ran; filled by position, so a prefill run again after a preemption changes nothing
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = [TokenLogprob(self.token_ids[0], None)] + [None] * (self.num_prompt_tokens - 1)
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
 

@@ -146,8 +146,8 @@ def test_overload_answers_503_with_retry_after_but_hits_still_serve(server):
         settings.max_queue = saved
 
 
-def test_n_greater_than_one_is_refused(server):
-    error_of(chat(server, n=2), 400, "invalid_value", "n")
+def test_n_over_the_choice_limit_is_refused(server):
+    error_of(chat(server, n=65), 400, "invalid_value", "n")
 
 
 def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
@@ -179,14 +179,11 @@ def test_disconnect_while_waiting_for_a_whole_answer_aborts_and_frees_blocks(ser
     (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather?"}],
                                          tools=[{"type": "function", "function": {"name": "weather"}}]),
      "tools", "unsupported_parameter"),
-    (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], logprobs=True),
-     "logprobs", "unsupported_parameter"),
     (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                          response_format={"type": "json_object"}),
      "response_format", "unsupported_parameter"),
     (lambda c: c.completions.create(model=MODEL, prompt="def f():", suffix="return 1"), "suffix",
      "unsupported_parameter"),
-    (lambda c: c.completions.create(model=MODEL, prompt="Hi", echo=True), "echo", "unsupported_parameter"),
     (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                          extra_body={"mirostat": 2}), "mirostat", "unknown_parameter"),
 ])

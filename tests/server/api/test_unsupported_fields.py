@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from strata.server.api.errors import invalid
 from strata.server.api.protocol import ChatCompletionRequest, CompletionRequest
 from strata.server.api.unsupported import REFUSED
+from strata.server.engine.sampling_params import InvalidParam
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}
@@ -30,13 +31,8 @@ def test_refused_fields_are_named_whatever_their_value(kind, body, field):
 
 
 @pytest.mark.parametrize("kind,body,field,value", [
-    (ChatCompletionRequest, CHAT, "logprobs", True),
-    (ChatCompletionRequest, CHAT, "top_logprobs", 3),
     (ChatCompletionRequest, CHAT, "response_format", {"type": "json_object"}),
     (ChatCompletionRequest, CHAT, "response_format", {"type": "json_schema", "json_schema": {"name": "x"}}),
-    (CompletionRequest, COMPLETION, "logprobs", 0),
-    (CompletionRequest, COMPLETION, "logprobs", 5),
-    (CompletionRequest, COMPLETION, "echo", True),
     (CompletionRequest, COMPLETION, "best_of", 2),
 ])
 def test_fields_that_would_change_the_answer_are_refused(kind, body, field, value):
@@ -51,6 +47,25 @@ def test_fields_that_would_change_the_answer_are_refused(kind, body, field, valu
 ])
 def test_no_op_values_pass(kind, body, extra):
     kind.model_validate(body | extra)
+
+
+@pytest.mark.parametrize("kind,body,field,value", [
+    (ChatCompletionRequest, CHAT, "top_logprobs", 21),
+    (ChatCompletionRequest, CHAT, "top_logprobs", -1),
+    (ChatCompletionRequest, CHAT, "logprobs", 1),
+    (CompletionRequest, COMPLETION, "logprobs", 21),
+    (CompletionRequest, COMPLETION, "logprobs", True),
+])
+def test_logprobs_out_of_range_are_named(kind, body, field, value):
+    assert refusal(kind, body | {field: value}).param == field
+
+
+def test_top_logprobs_without_logprobs_is_refused():
+    req = ChatCompletionRequest.model_validate(CHAT | {"top_logprobs": 2})
+    with pytest.raises(InvalidParam) as err:
+        req.requested_logprobs()
+    assert err.value.param == "top_logprobs"
+    assert ChatCompletionRequest.model_validate(CHAT | {"logprobs": True, "top_logprobs": 2}).requested_logprobs() == 2
 
 
 @pytest.mark.parametrize("kind,body,patch,param", [

@@ -1,0 +1,105 @@
+"""Logprobs over real HTTP with the official openai client and the real default model (fp32): chat's shape, the
+completions endpoint's legacy shape, streaming, agreement with HF transformers' log-softmax, and the response cache
+never read nor written for such requests."""
+from __future__ import annotations
+
+import openai
+import pytest
+import torch
+from helpers.http_server import MODEL, client, hash_semantic, start_server
+from transformers import AutoModelForCausalLM
+
+pytestmark = [pytest.mark.http, pytest.mark.slow]
+
+HI = [{"role": "user", "content": "Say hi."}]
+FOX = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with start_server(hash_semantic()) as srv:
+        yield srv
+
+
+def chat(server, **kwargs):
+    return client(server).chat.completions.with_raw_response.create(
+        model=MODEL, messages=HI, max_tokens=8, temperature=0, **kwargs)
+
+
+def test_chat_logprobs_have_openai_shape_and_greedy_takes_the_top_token(server):
+    raw = chat(server, logprobs=True, top_logprobs=3)
+    out = raw.parse()
+    content = out.choices[0].logprobs.content
+    assert len(content) == out.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and bytes(entry.bytes).decode() == entry.token
+        assert len(entry.top_logprobs) == 3
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == entry.logprob
+    assert out.choices[0].message.content.startswith("".join(e.token for e in content[:3]))
+    without_top = chat(server, logprobs=True).parse().choices[0].logprobs.content
+    assert [e.token for e in without_top] == [e.token for e in content] and all(not e.top_logprobs for e in without_top)
+    assert chat(server).parse().choices[0].logprobs is None
+
+
+def test_streamed_chat_logprobs_are_the_same_tokens(server):
+    whole = chat(server, logprobs=True, top_logprobs=2).parse().choices[0]
+    stream = client(server).chat.completions.create(model=MODEL, messages=HI, max_tokens=8, temperature=0,
+                                                    logprobs=True, top_logprobs=2, stream=True)
+    streamed, text = [], ""
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.content
+            text += chunk.choices[0].delta.content or ""
+    assert text == whole.message.content
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in whole.logprobs.content]
+
+
+def test_completion_logprobs_match_hf_log_softmax(server, default_model_dir):
+    out = client(server).completions.create(model=MODEL, prompt=FOX, max_tokens=6, temperature=0, logprobs=2,
+                                            extra_body={"ignore_eos": True})
+    choice = out.choices[0]
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 6
+    assert "".join(lp.tokens) == choice.text
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(6)]
+    tokenizer = server.inputs.tokenizer
+    prompt = tokenizer.encode(FOX)
+    generated = tokenizer.encode(choice.text, add_special_tokens=False)
+    assert [tokenizer.decode([t]) for t in generated] == lp.tokens      # the ids the server generated
+    hf = AutoModelForCausalLM.from_pretrained(default_model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1:-1].float()
+    expected = torch.log_softmax(logits, dim=-1)
+    for pos, token in enumerate(generated):
+        assert lp.token_logprobs[pos] == pytest.approx(expected[pos, token].item(), abs=1e-4)
+        top_values, top_ids = expected[pos].topk(2)
+        assert lp.top_logprobs[pos] == pytest.approx(
+            {tokenizer.decode([t]): v for t, v in zip(top_ids.tolist(), top_values.tolist(), strict=True)}, abs=1e-4)
+
+
+def test_logprobs_requests_neither_read_nor_write_the_response_cache(server):
+    messages = [{"role": "user", "content": "Name a fruit."}]
+
+    def ask(**kwargs):
+        raw = client(server).chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=4,
+                                                                       temperature=0, **kwargs)
+        return raw.headers["x-strata-cache"], raw.parse()
+
+    for _ in range(2):
+        layer, out = ask(logprobs=True)
+        assert layer == "bypass" and out.strata["reason"] == "logprobs"
+        server.settle()
+    assert ask()[0] == "miss"                  # nothing was written by the logprobs requests
+    server.settle()
+    assert ask()[0] == "exact"
+    layer, out = ask(logprobs=True)            # an entry exists, and is not read
+    assert layer == "bypass" and out.choices[0].logprobs.content
+
+
+@pytest.mark.parametrize("kwargs,param", [({"top_logprobs": 2}, "top_logprobs"),
+                                          ({"logprobs": True, "top_logprobs": 21}, "top_logprobs")])
+def test_bad_logprobs_settings_are_named(server, kwargs, param):
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(server, **kwargs)
+    assert info.value.param == param
