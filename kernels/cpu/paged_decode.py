@@ -6,8 +6,10 @@ without them `load()` raises and the backend falls back to the torch reference.
 
 import functools
 import hashlib
+import logging
 import os
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -15,6 +17,7 @@ import torch
 from strata.kernels.metadata import LayerKV
 
 SOURCE = Path(__file__).with_name("paged_decode.cpp")
+log = logging.getLogger(__name__)
 
 
 def load():
@@ -25,18 +28,39 @@ def load():
     return module
 
 
+STALE_LOCK_S = 600          # a build takes well under a minute or two; a lock this old was left by a killed one
+
+
 @functools.cache
 def _build():
     """Built (or found built) once per process; a failure is remembered too, not retried on every engine start."""
+    from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as build
 
     os.environ.setdefault("MAX_JOBS", "2")
+    # per CPU and per checkout: torch rebuilds when the source path changes, so two installs sharing one name would
+    # rebuild each other's module on every start
+    name = f"strata_cpu_paged_decode_{cpu_fingerprint()}_{hashlib.sha256(str(SOURCE).encode()).hexdigest()[:6]}"
     try:
-        return build(f"strata_cpu_paged_decode_{cpu_fingerprint()}", [str(SOURCE)],
-                     extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                     verbose=False), None
+        clear_stale_lock(Path(_get_build_directory(name, verbose=False)))
+        return build(name, [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+                     extra_ldflags=["-fopenmp"], verbose=False), None
     except Exception as exc:
         return None, exc
+
+
+def clear_stale_lock(build_dir: Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove the build lock a killed compile left behind (torch would wait on it for ever, so every later engine
+    start hung); a fresh lock belongs to a build in progress and stays. True when one was removed."""
+    lock = build_dir / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime < max_age_s:
+            return False
+        lock.unlink()
+    except FileNotFoundError:
+        return False
+    log.warning("removed a stale kernel build lock %s (left by a build that was killed)", lock)
+    return True
 
 
 def cpu_fingerprint() -> str:

@@ -133,3 +133,19 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_a_forced_cpu_says_why(m
             get_backend("cpu", torch.device("cpu"))
     finally:
         backend.cpu_kernel_builds.cache_clear()
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    """A compile killed mid-way leaves torch's lock file; every later build would wait on it for ever."""
+    import os
+    import time
+
+    from strata.kernels.cpu.paged_decode import STALE_LOCK_S, clear_stale_lock
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert not clear_stale_lock(tmp_path) and lock.exists()            # a build in progress holds it
+    old = time.time() - STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    assert clear_stale_lock(tmp_path) and not lock.exists()
+    assert not clear_stale_lock(tmp_path)                                  # none there: nothing to do
