@@ -94,11 +94,7 @@ def test_a_step_that_fails_on_one_request_fails_that_request_only(tiny_model_dir
     monkeypatch.setattr(engine.runner, "run", run_unless_poisoned)
     good = engine.add_request([5, 6, 7], params)
     engine.add_request([9, 10, 11, 12], params, request_id="poisoned")
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
+    done = run_to_completion(engine)
     assert done["poisoned"].finish_reason == "error" and len(done["poisoned"].token_ids) == 2
     assert "RuntimeError" in done["poisoned"].error and "/secret" not in done["poisoned"].error
     assert done[good].finish_reason == "length" and done[good].token_ids == reference[0].token_ids
@@ -128,11 +124,7 @@ def test_a_sampler_fault_on_one_request_fails_that_request_only(tiny_model_dirs,
     monkeypatch.setattr(model_runner, "sample", sample_unless_poisoned)
     good = engine.add_request([5, 6, 7], params)
     engine.add_request([9, 10, 11, 12], params, request_id="poisoned")
-    done = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                done[out.request_id] = out
+    done = run_to_completion(engine)
     assert done["poisoned"].finish_reason == "error" and len(done["poisoned"].token_ids) == 2
     assert done[good].finish_reason == "length" and done[good].token_ids == reference.token_ids
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
@@ -150,3 +142,13 @@ def test_extreme_settings_through_the_engine_finish_normally(tiny_model_dirs):
     outs = engine.generate([[5, 6, 7]] * 3, params)
     assert [o.finish_reason for o in outs] == ["length"] * 3
     assert outs[0].token_ids == outs[1].token_ids == outs[2].token_ids     # all three are greedy in effect
+
+
+def run_to_completion(engine) -> dict:
+    """Step until every request has finished; the last output of each, by request id."""
+    done = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = out
+    return done
