@@ -12,7 +12,7 @@ Part 1 (in-process, loopback Redis, exact layer + the hash test embedder so the 
   The peers (today vs L1) run in the same process, call by call interleaved, with the same semantic layer: on a
   shared, busy host compare their ratio (l1_over_today_p50), not absolute figures.
 Part 2 (--load-seconds, default 120): two `strata serve --cache-redis` replicas (the default model), clients on both;
-  Redis killed at 1/3 and restarted at 2/3 of the run. Counts 5xx, and checks that every answer a replica
+  Redis (append-only file, fsync always) SIGKILLed at 1/3 and restarted at 2/3 of the run. Counts 5xx, and checks that every answer a replica
   acknowledged as computed (a miss) is, after the restart, served from the cache by the other replica.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/replicas.py --out benchmarks/results/replicas/replicas.json
@@ -26,6 +26,7 @@ import os
 import platform
 import random
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,7 @@ from strata.cache.request.keys import build_key  # noqa: E402
 from strata.cache.request.request_cache import CacheRequest, RequestCache, RequestCacheConfig  # noqa: E402
 from strata.cache.request.semantic import SemanticCache  # noqa: E402
 
+ADMIN = "bench-admin"       # the load run's replicas: /admin/cache/stats after the run
 ANSWER = "Paris is the capital of France. " * 20         # ~640 characters, as benchmarks/request_cache_latency.py
 
 
@@ -142,6 +144,7 @@ async def in_process(n: int) -> dict:
 def serve(url: str, port: int, extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "strata.server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--cache-redis", url, "--cache-embedder", "hash", "--kv-cache-memory", "256MiB", "--num-threads", "1",
+           "--admin-token", ADMIN,
            *shlex.split(extra)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -167,7 +170,10 @@ def metric(base: str, name: str) -> float:
 
 
 async def load_run(seconds: float, clients: int, extra: str) -> dict:
-    redis_server = RedisServer().start()
+    # a durable Redis (append-only file, fsync per write), as in production: what it acknowledged survives the kill,
+    # and what the replicas queued meanwhile must reach it after the restart
+    data = tempfile.mkdtemp(prefix="strata-redis-")
+    redis_server = RedisServer("--appendonly", "yes", "--appendfsync", "always", "--dir", data).start()
     ports = [free_port(), free_port()]
     bases = [f"http://127.0.0.1:{p}" for p in ports]
     procs = [serve(redis_server.url(), p, extra) for p in ports]
@@ -175,6 +181,7 @@ async def load_run(seconds: float, clients: int, extra: str) -> dict:
         for base in bases:
             wait_healthy(base)
         rng = random.Random(0)
+        word = lambda: "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(9))    # noqa: E731
         acknowledged: dict[str, int] = {}      # question -> replica that computed it (a miss, answered 200)
         asked: list[str] = []
         log: list[dict] = []
@@ -186,7 +193,8 @@ async def load_run(seconds: float, clients: int, extra: str) -> dict:
             while time.monotonic() - start < seconds:
                 count += 1
                 new = not asked or rng.random() < 0.5
-                question = f"Replica drill question {replica}-{n}-{count}: name a river." if new else rng.choice(asked)
+                # new questions share no words: near-identical ones from one client would trip the penetration guard
+                question = f"Compare {word()} with {word()} and {word()}." if new else rng.choice(asked)
                 t0 = time.monotonic()
                 try:
                     res = await http.post(bases[replica] + "/v1/chat/completions", json={
@@ -218,7 +226,8 @@ async def load_run(seconds: float, clients: int, extra: str) -> dict:
             assert time.monotonic() < deadline, "replicas did not resync within 60 s"
             await asyncio.sleep(0.5)
         dropped = [metric(b, "strata_cache_redis_queue_dropped_total") for b in bases]
-        stats = [httpx.get(b + "/admin/cache/stats", timeout=10).json()["request_cache"]["counters"] for b in bases]
+        stats = [httpx.get(b + "/admin/cache/stats", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=10)
+                 .json()["request_cache"]["counters"] for b in bases]
         skipped = sum(n for s in stats for k, n in s.get("write", {}).items() if k.startswith("skipped"))
         client = redis_server.client()
         keys = list(client.scan_iter(match="strata:*:e:*", count=1000))
@@ -242,13 +251,15 @@ async def load_run(seconds: float, clients: int, extra: str) -> dict:
                 "acknowledged_writes": len(acknowledged), "lost_acknowledged_writes": len(lost),
                 "lost_examples": lost[:5], "writes_skipped_by_policy": skipped, "queue_dropped": dropped,
                 "phases": by_phase, "write_counters": [s.get("write", {}) for s in stats],
-                "lease_counters": [s.get("lease", {}) for s in stats]}
+                "lease_counters": [s.get("lease", {}) for s in stats],
+                "guard_counters": [s.get("guard", {}) for s in stats]}
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait(timeout=60)
         redis_server.kill()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def machine() -> dict:

@@ -21,7 +21,10 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self):
+    """args: more redis-server options, after the defaults (the later one wins: e.g. --appendonly yes --dir D)."""
+
+    def __init__(self, *args: str):
+        self.args = args
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             pytest.skip("redis-server is not installed (`make redis` installs it)")
@@ -32,7 +35,7 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
     def start(self) -> RedisServer:
-        self.process = subprocess.Popen([self.binary, "--port", str(self.port), *ARGS], stdout=subprocess.DEVNULL)
+        self.process = subprocess.Popen([self.binary, "--port", str(self.port), *ARGS, *self.args], stdout=subprocess.DEVNULL)
         client = redis.Redis(port=self.port)
         deadline = time.monotonic() + 10
         while True:
