@@ -34,7 +34,7 @@ def build_cache(config: RequestCacheConfig) -> RequestCache:
             semantic = SemanticCache.from_config(config)
         except (OSError, KeyError, ValueError) as exc:
             log.warning("semantic cache off (%s: %s); serving with the exact layer only", type(exc).__name__, exc)
-    if config.db:
+    if config.db and not config.redis:
         Path(config.db).parent.mkdir(parents=True, exist_ok=True)
     return RequestCache(config, semantic=semantic)
 
