@@ -14,15 +14,13 @@ import pytest
 from helpers.http_server import ADMIN, hash_semantic, start_server
 
 from strata.server.api.config import ServerConfig
-from strata.server.engine.config import EngineConfig
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_chat_model_dir):
-    engine = EngineConfig(model=str(tiny_chat_model_dir), dtype="fp32", kv_cache_memory="64MiB", max_model_len=512)
-    with start_server(hash_semantic(), ServerConfig(default_max_tokens=8), engine=engine) as server:
+def server(tiny_chat_engine):
+    with start_server(hash_semantic(), ServerConfig(default_max_tokens=8), engine=tiny_chat_engine) as server:
         yield server
 
 
