@@ -1,6 +1,7 @@
 """Builds a C++ kernel of this folder once per machine with the compiler torch uses (tens of seconds, then cached under
 TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions). Needs g++ and ninja; without them the build raises."""
 
+import functools
 import hashlib
 import logging
 import os
@@ -12,18 +13,39 @@ log = logging.getLogger(__name__)
 STALE_LOCK_S = 600          # a build takes well under a minute or two; a lock this old was left by a killed one
 
 
-def build_extension(stem: str, source: Path):
-    """Compile (or find compiled) `source` as module strata_cpu_<stem>; raises when it cannot be built here."""
+SOURCES = ("paged_decode.cpp", "weight_linear.cpp")     # paged_decode.cpp binds both
+
+
+def build_kernels():
+    """This folder's kernels as one module, strata_cpu_kernels_*, compiled (or found compiled) once per process;
+    raises when they cannot be built here (a failure is remembered too, not retried on every engine start)."""
+    module, error = _build_once()
+    if error is not None:
+        raise error
+    return module
+
+
+@functools.cache
+def _build_once():
+    try:
+        return _compile(), None
+    except Exception as exc:
+        return None, exc
+
+
+def _compile():
     from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as build
 
     os.environ.setdefault("MAX_JOBS", "2")
-    # per CPU and per checkout: torch rebuilds when the source path changes, so two installs sharing one name would
+    folder = Path(__file__).parent
+    # per CPU and per checkout: torch rebuilds when the source paths change, so two installs sharing one name would
     # rebuild each other's module on every start
-    name = f"strata_cpu_{stem}_{cpu_fingerprint()}_{hashlib.sha256(str(source).encode()).hexdigest()[:6]}"
+    name = f"strata_cpu_kernels_{cpu_fingerprint()}_{hashlib.sha256(str(folder).encode()).hexdigest()[:6]}"
     clear_stale_lock(Path(_get_build_directory(name, verbose=False)))
-    return build(name, [str(source)], extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-                 extra_ldflags=["-fopenmp"], verbose=False)
+    return build(name, [str(folder / source) for source in SOURCES],
+                 extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                 verbose=False)
 
 
 def clear_stale_lock(build_dir: Path, max_age_s: float = STALE_LOCK_S) -> bool:

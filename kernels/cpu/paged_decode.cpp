@@ -166,4 +166,15 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("paged_decode", &paged_decode, "paged decode attention (CPU)"); }
+// The module binds every kernel of this folder (weight_linear.cpp's too): one build, its two sources compiled in
+// parallel, instead of one build per kernel (each spends most of its time in torch's headers; a third source just
+// for the bindings would add a third such compile).
+torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales, torch::Tensor mins,
+                     int64_t format, int64_t K);
+torch::Tensor dequantize(torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, int64_t format, int64_t K);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
+  m.def("linear", &linear, "x [M, K] fp32 @ compact weight [N, K].T -> [M, N] fp32");
+  m.def("dequantize", &dequantize, "compact weight -> fp32 [N, K]");
+}

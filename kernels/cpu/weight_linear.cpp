@@ -175,8 +175,3 @@ torch::Tensor dequantize(torch::Tensor weight, torch::Tensor scales, torch::Tens
   });
   return out;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "x [M, K] fp32 @ compact weight [N, K].T -> [M, N] fp32");
-  m.def("dequantize", &dequantize, "compact weight -> fp32 [N, K]");
-}

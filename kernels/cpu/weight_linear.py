@@ -4,24 +4,19 @@ Small batches (decode) run the C++ kernel, which widens each weight row in cache
 weight once and hand it to BLAS, which is faster when many activation rows share the weight.
 """
 
-import functools
-from pathlib import Path
-
 import torch
 
-from strata.kernels.cpu.build import build_extension
+from strata.kernels.cpu.build import build_kernels
 
-SOURCE = Path(__file__).with_name("weight_linear.cpp")
 FORMATS = {"f16": 0, "q8": 1, "q4": 2}
 # Above this many activation rows, widening the weight once and calling BLAS beats the row kernel (measured on the
 # 2-core EPYC for SmolLM2-135M's shapes; see benchmarks/results/cpu_profile).
 KERNEL_MAX_ROWS = 32
 
 
-@functools.cache
 def load():
     """The compiled module, built once per machine; raises (RuntimeError, OSError, ...) when it cannot be built."""
-    return build_extension("weight_linear", SOURCE)
+    return build_kernels()
 
 
 def linear(x: torch.Tensor, format: str, weight: torch.Tensor, scales: torch.Tensor | None,
