@@ -123,8 +123,9 @@ def test_length_groups_cover_every_row_once_and_fit_it(lengths: list[int], block
 
 def test_without_a_compiler_auto_falls_back_to_torch_and_a_forced_cpu_says_why(monkeypatch, caplog):
     from strata.kernels import backend
+    from strata.kernels.cpu import build
 
-    monkeypatch.setattr(cpu_paged, "_build", lambda: (None, RuntimeError("error: g++: command not found")))
+    monkeypatch.setattr(build, "_build_once", lambda: (None, RuntimeError("error: g++: command not found")))
     backend.cpu_kernel_builds.cache_clear()
     try:
         assert backend.resolve_backend_name("auto", torch.device("cpu")) == "torch"
