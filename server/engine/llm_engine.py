@@ -46,6 +46,7 @@ class RequestOutput:
     error: str | None = None      # finish_reason "error": why this request failed (the others went on)
     new_logprobs: list[TokenLogprob] = field(default_factory=list)   # of new_token_ids, when the request asked
     prompt_logprobs: list[TokenLogprob] | None = None   # with the first output token, when the request asked
+    spec: dict[str, dict[str, int]] | None = None   # draft source -> drafts, proposed/accepted tokens, steps saved
 
 
 def model_fingerprint(config: EngineConfig, model_path: Path | None, dtype: torch.dtype, kv_dtype: str) -> str:
@@ -309,6 +310,7 @@ class LLMEngine:
             error=seq.error,
             new_logprobs=new_logprobs or [],
             prompt_logprobs=seq.prompt_logprobs if new_tokens and seq.num_output_tokens == 1 else None,
+            spec=seq.spec.summary(),
         )
 
     @torch.inference_mode()

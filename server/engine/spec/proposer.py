@@ -59,7 +59,7 @@ class DraftProposer:
         """One verified draft: adapt the sequence's next draft length and count it for it and its source."""
         seq.spec.update(proposed, accepted, self.num_tokens)
         one = DraftStats(1, proposed, accepted, saved)
-        seq.spec.stats.add(one)
+        seq.spec.count(seq.draft_source, one)
         self.totals[seq.draft_source].add(one)
 
     def stats(self) -> dict[str, int]:

@@ -33,7 +33,14 @@ class DraftState:
     length: int = 0             # the next draft's most tokens; 0 = not set yet (the engine's maximum)
     misses: int = 0             # drafts in a row of which nothing was accepted
     pause: int = 0              # decode steps to run without a draft
-    stats: DraftStats = field(default_factory=DraftStats)
+    by_source: dict[str, DraftStats] = field(default_factory=dict)
+
+    def count(self, source: str, one: DraftStats) -> None:
+        self.by_source.setdefault(source, DraftStats()).add(one)
+
+    def summary(self) -> dict[str, dict[str, int]] | None:
+        """source -> counts, for the response (None when nothing was drafted)."""
+        return {source: stats.as_dict() for source, stats in self.by_source.items()} or None
 
     def allowed(self, maximum: int) -> int:
         """Tokens the next draft may have (0: none this step)."""
