@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install serve test lint chromium compiler
+.PHONY: install serve test lint chromium compiler redis
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,12 @@ compiler:
 	@command -v g++ >/dev/null && command -v ninja >/dev/null || \
 		(apt-get update -qq && apt-get install -y -qq g++ ninja-build >/dev/null)
 
+# The shared-store tests (--cache-redis) start a real redis-server (Debian's package) on a free port.
+redis:
+	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)
+
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: install chromium compiler lint
+test: install chromium compiler redis lint
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -17,6 +17,13 @@ class RequestCacheConfig:
     tenant_max_share: float = 1.0  # a tenant may hold at most this fraction of max_bytes (1 = the global bound only)
     memory_max_entries: int = 50_000  # in-process exact layer (in front of the store) bound, entries
     memory_max_bytes: int = 256 * 2**20  # in-process exact layer (in front of the store) bound, bytes
+    # shared store for many replicas (cache/request/redis_store.py); without it the SQLite store above
+    redis: str | None = None  # Redis/Valkey >= 7 shared by replicas: redis://, rediss:// or unix:// URL; none = SQLite
+    redis_timeout_s: float = 0.25  # a Redis call slower than this fails; the request goes on from the in-process layer
+    redis_queue_size: int = 10_000  # writes kept while Redis is down, flushed on recovery; past it the oldest drop
+    redis_stream_len: int = 100_000  # sync events kept in Redis (approx.); a replica further behind rebuilds its index
+    lease_s: float = 30.0  # cross-replica single-flight: a miss holds its question (SET NX PX) this long at most
+    lease_wait_s: float = 5.0  # a replica that finds the question held waits this long for the answer, then computes
     # keys and policy
     casefold: bool = False  # fold case in the exact key ("Paris" == "paris")
     policy_rules: str | None = None  # JSON rules file; none = the shipped data/policy_rules.json
@@ -58,6 +65,9 @@ class RequestCacheConfig:
             raise ValueError(f"ttl_jitter must be in [0, 1), got {self.ttl_jitter}")
         if self.temperature_rule not in TEMPERATURE_RULES:
             raise ValueError(f"temperature_rule must be one of {TEMPERATURE_RULES}, got {self.temperature_rule!r}")
+        if self.redis_timeout_s <= 0 or self.redis_queue_size < 1 or self.redis_stream_len < 1 or self.lease_s <= 0 \
+                or self.lease_wait_s < 0:
+            raise ValueError("redis_timeout_s, lease_s > 0, redis_queue_size, redis_stream_len >= 1, lease_wait_s >= 0")
         if self.write_queue_size < 1:
             raise ValueError("write_queue_size must be >= 1")
         if self.miss_limit < 1:

@@ -1,28 +1,71 @@
-"""Exact layer: an in-process LRU (cachetools), bounded by entries and bytes, over the persistent store."""
+"""Exact layer: an in-process layer bounded by entries and bytes (LRU, or W-TinyLFU in front of a shared store) over
+the persistent store."""
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 from cachetools import TLRUCache
 
 from strata.cache.request.store import Entry, Store
 
 
-class ExactCache:
-    """Exact-key lookups: memory first, then the store (a store hit is promoted); expired entries never serve.
+class Memory(Protocol):
+    """The in-process layer: LRU below, or tinylfu.TinyLFU. Thread-safe: the writer fills it, the event loop reads."""
 
-    A lock guards the LRU because the write-back thread fills it while the event loop reads it.
-    """
+    def get(self, entry_id: str) -> Entry | None: ...
+    def put(self, entry: Entry) -> None: ...
+    def discard(self, entry_ids: list[str]) -> None: ...
+    def clear(self) -> None: ...
+    def __len__(self) -> int: ...
 
-    def __init__(self, store: Store, max_entries: int, max_bytes: int, clock: Callable[[], float]):
-        self.store = store
+
+class LRU:
+    """cachetools' TLRU bounded by bytes (getsizeof) and by entries; an expired entry never comes back."""
+
+    def __init__(self, max_entries: int, max_bytes: int, clock: Callable[[], float]):
         self.max_entries = max_entries
-        self.clock = clock
-        self.memory: TLRUCache[str, Entry] = TLRUCache(
+        self.cache: TLRUCache[str, Entry] = TLRUCache(
             maxsize=max_bytes, ttu=lambda _k, entry, _now: entry.expires_at, timer=clock,
             getsizeof=lambda entry: entry.size)
         self.lock = threading.Lock()
+
+    def get(self, entry_id: str) -> Entry | None:
+        with self.lock:
+            return self.cache.get(entry_id)
+
+    def put(self, entry: Entry) -> None:
+        """Remember an entry; one larger than the whole byte budget stays out."""
+        with self.lock:
+            try:
+                self.cache[entry.entry_id] = entry
+            except ValueError:      # larger than the whole byte budget
+                return
+            while len(self.cache) > self.max_entries:
+                self.cache.popitem()
+
+    def discard(self, entry_ids: list[str]) -> None:
+        with self.lock:
+            for entry_id in entry_ids:
+                self.cache.pop(entry_id, None)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.cache.clear()
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.cache)
+
+
+class ExactCache:
+    """Exact-key lookups: memory first, then the store (a store hit is promoted); expired entries never serve."""
+
+    def __init__(self, store: Store, memory: Memory, clock: Callable[[], float]):
+        self.store = store
+        self.memory = memory
+        self.clock = clock
 
     def get(self, entry_id: str) -> Entry | None:
         """The live entry under entry_id, or None: memory, then the store (which may block: not on an event loop)."""
@@ -31,8 +74,7 @@ class ExactCache:
 
     def get_memory(self, entry_id: str) -> Entry | None:
         """The entry if it is in memory (never blocks on the store)."""
-        with self.lock:
-            return self.memory.get(entry_id)
+        return self.memory.get(entry_id)
 
     def get_stored(self, entry_id: str) -> Entry | None:
         """The live entry from the store, promoted to memory; reads the store, so call it off the event loop."""
@@ -44,20 +86,11 @@ class ExactCache:
 
     def remember(self, entry: Entry) -> None:
         """Put an entry in memory only (the store already has it); too big an entry just stays out."""
-        with self.lock:
-            try:
-                self.memory[entry.entry_id] = entry
-            except ValueError:      # larger than the whole byte budget
-                return
-            while len(self.memory) > self.max_entries:
-                self.memory.popitem()
+        self.memory.put(entry)
 
     def forget(self, entry_ids: list[str]) -> None:
         """Drop entries from memory (the caller deletes them from the store)."""
-        with self.lock:
-            for entry_id in entry_ids:
-                self.memory.pop(entry_id, None)
+        self.memory.discard(entry_ids)
 
     def __len__(self) -> int:
-        with self.lock:
-            return len(self.memory)
+        return len(self.memory)

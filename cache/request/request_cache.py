@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from strata.cache.request.config import RequestCacheConfig
-from strata.cache.request.exact import ExactCache
+from strata.cache.request.exact import LRU, ExactCache
 from strata.cache.request.guard import MissGuard
 from strata.cache.request.keys import NotCacheable, RequestKey, build_key
 from strata.cache.request.normalize import normalize_text
@@ -24,11 +24,13 @@ from strata.cache.request.store import Entry, SQLiteStore, Store
 from strata.cache.request.store_faults import StoreFaults
 from strata.cache.request.store_quota import EntryTooLarge
 from strata.cache.request.templating import fill_answer, has_placeholder, template_answer, template_request
+from strata.cache.request.tinylfu import TinyLFU
 from strata.cache.request.write_back import WriteBack
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from strata.cache.request.redis_store import RedisStore
     from strata.cache.request.semantic import SemanticCache, SemanticMatch
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,8 @@ class RequestCache:
 
     semantic: a thread-safe SemanticCache (docs/request-cache-interfaces.md) or None for an exact-only cache;
     add() of a known id replaces it.
+    store: SQLiteStore (the default) or a shared one (RedisStore, config.redis): then the in-process layer is
+    W-TinyLFU, misses take a cross-replica lease, and the other replicas' writes reach this one's layers.
     clock and rng are injectable so TTL and jitter are testable without sleeping.
     """
 
@@ -118,9 +122,10 @@ class RequestCache:
         self.rng = rng or random.Random()
         self.policy = policy or Policy.load(config.policy_rules, temperature_rule=config.temperature_rule,
                                             default_temperature=config.default_temperature)
-        self.store = store if store is not None else SQLiteStore(
-            config.db, reset=config.db_reset, max_bytes=config.max_bytes, tenant_max_share=config.tenant_max_share)
-        self.exact = ExactCache(self.store, config.memory_max_entries, config.memory_max_bytes, clock)
+        self.store = store if store is not None else self._open_store(config)
+        self.shared: RedisStore | None = self.store if hasattr(self.store, "follow") else None
+        memory = (LRU if self.shared is None else TinyLFU)(config.memory_max_entries, config.memory_max_bytes, clock)
+        self.exact = ExactCache(self.store, memory, clock)
         self.semantic = semantic
         self.flights = SingleFlight()
         self.guard = MissGuard(config.miss_window_s, config.miss_limit, config.negative_ttl_s, clock)
@@ -132,8 +137,22 @@ class RequestCache:
         self.write_lock = threading.Lock()
         self.closed = False
         self.last_purge = clock()
-        self._load()
+        if self.shared is None:
+            self._load()
         self.writer = WriteBack(self._write, config.write_queue_size, idle=self._maintain)
+        if self.shared is not None:
+            self.shared.follow(self)        # the first sync (index from SCAN) runs here when Redis answers
+
+    @staticmethod
+    def _open_store(config: RequestCacheConfig) -> Store:
+        if config.redis is None:
+            return SQLiteStore(config.db, reset=config.db_reset, max_bytes=config.max_bytes,
+                               tenant_max_share=config.tenant_max_share)
+        from strata.cache.request.redis_store import RedisStore
+
+        return RedisStore(config.redis, max_bytes=config.max_bytes, tenant_max_share=config.tenant_max_share,
+                          timeout_s=config.redis_timeout_s, queue_size=config.redis_queue_size,
+                          stream_len=config.redis_stream_len)
 
     # ---- lookup -------------------------------------------------------------------------------------------
 
@@ -197,6 +216,16 @@ class RequestCache:
                 found = None
             if found is not None:
                 return found
+        if self.shared is not None and not guarded:
+            try:
+                found = await self._wait_lease(req, key, decision)
+            except asyncio.CancelledError:
+                self.flights.finish(flight, RELEASED)
+                raise
+            if found is not None:
+                flight.layer, flight.meta = found.hit.layer, found.hit.meta
+                self.flights.finish(flight, found.hit.text)
+                return found
         self.guard.note_miss(req.client_id, key)
         if guarded:
             self._stats.count("guard.marked")
@@ -216,6 +245,26 @@ class RequestCache:
             if text:
                 texts.append(text)
         return tuple(texts)
+
+    async def _wait_lease(self, req: CacheRequest, key: RequestKey, decision: Decision) -> Lookup | None:
+        """Single-flight across replicas: take the question's lease and compute (None), or, when another replica
+        holds it, wait for its answer in the store (bounded by lease_wait_s; then None: compute after all)."""
+        if await asyncio.to_thread(self.shared.lease, key.exact, self.config.lease_s):
+            self._stats.count("lease.taken")
+            return None
+        deadline = time.monotonic() + self.config.lease_wait_s
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            entry = await asyncio.to_thread(self.faults.call, "lookup", self.exact.get_stored, key.exact)
+            text = self._serve(entry, req, key) if entry is not None else None
+            if text is not None:
+                self._stats.count("lease.answered")
+                age = max(0.0, self._touch(entry) - entry.created_at)
+                self._stats.observe_hit("exact", 1.0, age)
+                return Lookup("exact", "lease", CacheHit("exact", text, 1.0, entry.entry_id, age, meta=entry.meta),
+                              key=key, decision=decision)
+        self._stats.count("lease.timeout")
+        return None
 
     async def _semantic_hit(self, req: CacheRequest, key: RequestKey, decision: Decision, flight: Flight) -> Lookup | None:
         if not self.semantic.serves(key.text):
@@ -449,14 +498,44 @@ class RequestCache:
         if self.semantic is not None:
             self.faults.call("load", self._index_stored)
 
-    def _index_stored(self) -> None:
+    def _index_stored(self) -> set[str]:
+        """Index every stored semantic entry; returns their ids."""
+        seen = set()
         for entry in self.store.entries():
-            if not entry.semantic:
-                continue
-            try:
-                self.semantic.add(entry.entry_id, entry.text, entry.partition, entry.embedding)
-            except ValueError:      # stored embedding from another embedder: embed again
-                self.semantic.add(entry.entry_id, entry.text, entry.partition, None)
+            if entry.semantic:
+                self._index(entry)
+                seen.add(entry.entry_id)
+        return seen
+
+    def _index(self, entry: Entry) -> None:
+        try:
+            self.semantic.add(entry.entry_id, entry.text, entry.partition, entry.embedding)
+        except ValueError:      # stored embedding from another embedder: embed again
+            self.semantic.add(entry.entry_id, entry.text, entry.partition, None)
+
+    # ---- a shared store's events (StoreListener; the stream follower's thread) ----------------------------
+
+    def stored_elsewhere(self, entry_id: str) -> None:
+        """Another replica wrote an entry: drop what this one remembers of the id, index the new one."""
+        self.exact.forget([entry_id])
+        if self.semantic is not None:
+            entry = self.store.get(entry_id)
+            if entry is not None and entry.semantic:
+                self._index(entry)
+
+    def deleted_elsewhere(self, entry_ids: list[str]) -> None:
+        """Another replica invalidated, evicted or purged entries."""
+        self._forget(entry_ids)
+
+    def resync(self) -> None:
+        """Events may have been missed (start, outage, gap): forget the in-process layer, rebuild the index from
+        the store (SCAN), under the write lock so that no write lands between the scan and the cleanup."""
+        with self.write_lock:
+            self.exact.memory.clear()
+            if self.semantic is not None:
+                seen = self._index_stored()
+                for entry_id in set(self.semantic.ids()) - seen:
+                    self.semantic.remove(entry_id)
 
     def _remove(self, entry_ids) -> int:
         entry_ids = list(entry_ids)
@@ -542,6 +621,8 @@ class RequestCache:
         snap["write_queue"] = {"pending": self.writer.queue.qsize(), "errors": self.writer.errors}
         snap["store_bytes"] = {"used": usage["bytes"], "max": usage["max_bytes"],
                                "tenant_max": usage["tenant_max_bytes"], "tenants": usage["tenants"]}
+        if self.shared is not None:
+            snap["redis"] = self.shared.link()
         # what the error bound certified per language (a language with "similar": None is not served semantically)
         snap["semantic"] = getattr(self.semantic, "calibration", {}) if self.semantic is not None else {}
         return snap
@@ -558,6 +639,9 @@ class RequestCache:
             reasons.append(f"write queue full ({self.writer.queue.maxsize} pending): answers are not being stored")
         if self.writer.errors:
             reasons.append(f"{self.writer.errors} background write error(s)")
+        shared = self.shared.health() if self.shared is not None else None
+        if shared:
+            reasons.insert(0, shared)
         return {"status": "degraded" if reasons else "ok", "reason": "; ".join(reasons)}
 
     def review(self, limit: int = 50) -> list[dict]:

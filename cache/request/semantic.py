@@ -137,6 +137,11 @@ class SemanticCache:
             if not len(index):
                 del self._indexes[entry.partition]
 
+    def ids(self) -> list[str]:
+        """Every indexed entry id (a resync drops the ones the store no longer has)."""
+        with self._lock:
+            return list(self._entries)
+
     def candidates(self, text: str, partition: str, embedding: np.ndarray | None = None) -> list[tuple[str, float, str]]:
         """Top-k (entry id, cosine, cached text) in the partition, best first, before any decision."""
         vec = self.embed(text) if embedding is None else self._check(embedding)

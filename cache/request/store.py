@@ -1,4 +1,4 @@
-"""Persistent entry store: a small protocol (a Redis store can follow) and the embedded SQLite (WAL) default."""
+"""Persistent entry store: a small protocol (redis_store.py follows it too) and the embedded SQLite (WAL) default."""
 from __future__ import annotations
 
 import json
@@ -114,6 +114,11 @@ def _row_size(row: tuple) -> int:
     """Bytes an entry counts against the bounds: its texts (UTF-8) and blobs, plus a fixed overhead."""
     return _ROW_OVERHEAD + sum(len(v.encode()) if isinstance(v, str) else len(v)
                                for v in row if isinstance(v, (str, bytes)))
+
+
+def stored_size(entry: Entry) -> int:
+    """Bytes an entry counts against a store's bounds (the same for every store)."""
+    return _row_size(_row(entry))
 
 
 def _move_aside(path: str) -> str:

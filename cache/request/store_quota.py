@@ -37,6 +37,11 @@ class StoreQuota:
             self.total = sum(self.tenants.values())
             self.count = sum(n for *_, n in rows)
 
+    def set_totals(self, tenants: dict[str, int], count: int) -> None:
+        """Totals as a shared store reported them (Redis keeps the truth; this is the loop-safe mirror)."""
+        with self.lock:
+            self.tenants, self.total, self.count = dict(tenants), sum(tenants.values()), count
+
     def account(self, tenant: str, size: int, count: int) -> None:
         """Apply a committed change: size bytes and count entries added (negative: removed) for tenant."""
         with self.lock:

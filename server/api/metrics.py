@@ -200,6 +200,20 @@ def _cache_families(stats: dict):
                     cut.add_metric([lang, tier], what[tier])
         yield served
         yield cut
+    redis = stats.get("redis")
+    if redis is not None:
+        yield GaugeMetricFamily("strata_cache_redis_up", "1 while the shared Redis store answers (--cache-redis), 0 "
+                                "while the replica serves from its in-process layer", value=float(redis["up"]))
+        yield CounterMetricFamily("strata_cache_redis_errors", "Redis connection errors and timeouts",
+                                  value=redis["errors"])
+        yield GaugeMetricFamily("strata_cache_redis_queue_depth", "Writes queued while Redis is down",
+                                value=redis["queue"])
+        yield CounterMetricFamily("strata_cache_redis_queue_dropped", "Queued writes dropped (oldest first) while "
+                                  "Redis was down", value=redis["dropped"])
+        yield GaugeMetricFamily("strata_cache_redis_stream_lag_seconds", "Age of the latest sync event when this "
+                                "replica read it", value=redis["stream_lag_s"])
+        yield CounterMetricFamily("strata_cache_redis_resyncs", "Index rebuilds from Redis (start, recovery, gap)",
+                                  value=redis["resyncs"])
     entries = GaugeMetricFamily("strata_request_cache_entries", "Stored answers by tier", labels=["tier"])
     for tier, n in stats["entries"].items():
         entries.add_metric([tier], n)

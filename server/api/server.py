@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +34,7 @@ def build_cache(config: RequestCacheConfig) -> RequestCache:
             semantic = SemanticCache.from_config(config)
         except (OSError, KeyError, ValueError) as exc:
             log.warning("semantic cache off (%s: %s); serving with the exact layer only", type(exc).__name__, exc)
-    if config.db:
+    if config.db and not config.redis:
         Path(config.db).parent.mkdir(parents=True, exist_ok=True)
     return RequestCache(config, semantic=semantic)
 
@@ -56,6 +58,7 @@ def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
         if server is not None:
             server.should_exit = True
 
+    exit_on_sigterm()
     engine = EngineClient(engine_config, restart_policy(config), on_failed=give_up)
     engine.start()
     try:
@@ -69,6 +72,13 @@ def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
         engine.stop()
     if failure:
         raise EngineFailed(f"the engine failed for good: {failure[0]}")
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit until uvicorn installs its own handlers, so a stop during startup still runs the
+    `finally` that stops the engine process (the default action would leave it loading, orphaned)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def restart_policy(config: ServerConfig) -> RestartPolicy:

@@ -109,6 +109,9 @@ class EngineProcess:
     def stop(self) -> None:
         """Stop the process (killed if it does not finish its step in time) and the reader; idempotent."""
         self.stopping = True
+        if self.process.is_alive() and not self.ready.is_set():
+            self.process.kill()                # still loading: it reads no command until it is built
+            self.process.join()
         if self.process.is_alive():
             self.commands.put(("stop", None))
             self.process.join(timeout=30)

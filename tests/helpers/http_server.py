@@ -88,13 +88,15 @@ FAST_RESTART = RestartPolicy(max_restarts=3, window_s=300, backoff_s=0.2, max_ba
 
 @contextmanager
 def start_server(semantic: SemanticCache, config: ServerConfig | None = None, num_threads: int = 1,
-                 restart: RestartPolicy = FAST_RESTART, engine: EngineConfig = ENGINE) -> Iterator[Server]:
+                 restart: RestartPolicy = FAST_RESTART, engine: EngineConfig = ENGINE,
+                 cache: RequestCacheConfig | None = None) -> Iterator[Server]:
     """One torch thread (for the engine process) by default, restored after: on 2 shared cores, 2 spinning OpenMP
-    threads made an 8-token answer ~5x slower than 1 thread, and the HTTP event loop needs a core too."""
+    threads made an 8-token answer ~5x slower than 1 thread, and the HTTP event loop needs a core too.
+    cache: the request cache's config (default: in memory; --cache-redis replicas pass theirs)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        with _serve(semantic, config, restart, engine) as server:
+        with _serve(semantic, config, restart, engine, cache or RequestCacheConfig()) as server:
             yield server
     finally:
         torch.set_num_threads(threads)
@@ -102,12 +104,12 @@ def start_server(semantic: SemanticCache, config: ServerConfig | None = None, nu
 
 @contextmanager
 def _serve(semantic: SemanticCache, config: ServerConfig | None, restart: RestartPolicy,
-           engine_config: EngineConfig) -> Iterator[Server]:
+           engine_config: EngineConfig, cache_config: RequestCacheConfig) -> Iterator[Server]:
     engine = EngineClient(engine_config, restart)
     engine.start()
     try:
         inputs = engine.wait_ready()
-        cache = RequestCache(RequestCacheConfig(), semantic=semantic)
+        cache = RequestCache(cache_config, semantic=semantic)
         app = create_app(engine, cache, auth=Auth(dict(KEYS), ADMIN), config=config or ServerConfig())
         with serve_in_thread(app) as url:
             yield Server(url, app, inputs, cache)
@@ -122,7 +124,7 @@ def client(server: Server, key: str = "key-acme") -> openai.OpenAI:
 def ask(server: Server, question: str, key: str = "key-acme", **extra):
     """One greedy chat request; returns (layer header, similarity header, parsed completion)."""
     raw = client(server, key).chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=8, temperature=0, **extra)
+        model=server.model, messages=[{"role": "user", "content": question}], max_tokens=8, temperature=0, **extra)
     return raw.headers["x-strata-cache"], raw.headers.get("x-strata-similarity"), raw.parse()
 
 

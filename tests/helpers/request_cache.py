@@ -41,6 +41,10 @@ class FakeSemantic:
         with self.lock:
             self.rows.pop(entry_id, None)
 
+    def ids(self):
+        with self.lock:
+            return list(self.rows)
+
     def serves(self, text):
         return True
 

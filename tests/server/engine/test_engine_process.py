@@ -149,3 +149,25 @@ def test_an_engine_that_cannot_start_is_a_clear_error_from_strata_serve(tmp_path
     assert server.returncode == 2 and time.monotonic() - started < 120
     last = server.stderr.strip().splitlines()[-1]
     assert last.startswith("error: the engine did not start: FileNotFoundError:") and "does not exist" in last, last
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_sigterm_while_the_engine_loads_stops_both_processes_at_once(default_model_dir):
+    server = subprocess.Popen([sys.executable, "-m", "strata.server.cli", "serve", "--port", "0",
+                               "--no-request-cache", "--dtype", "fp32", "--kv-cache-memory", "64MiB"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        children_file = Path(f"/proc/{server.pid}/task/{server.pid}/children")
+        deadline = time.monotonic() + 60
+        while not (children := [int(pid) for pid in children_file.read_text().split()]):
+            assert server.poll() is None and time.monotonic() < deadline, "no engine process started"
+            time.sleep(0.05)
+        stopped = time.monotonic()
+        server.send_signal(signal.SIGTERM)             # the engine is still importing torch / loading the model
+        assert server.wait(timeout=20) == 128 + signal.SIGTERM
+        assert time.monotonic() - stopped < 20       # not the 30 s a "stop" command would wait for a loading engine
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    assert all(wait_gone(pid, timeout=10) for pid in children), children      # no orphan left loading

@@ -1,0 +1,211 @@
+"""The shared Redis store against a real redis-server: two RequestCaches on one Redis stand for two replicas (the
+HTTP drill with two servers is tests/reliability/test_replicas.py). Entries, TTL, namespaced keys and byte bounds
+in Redis; writes and invalidations reaching the other replica through the stream; the cross-replica lease; an
+outage served from the in-process layer, with the queued writes flushed and the index resynced on recovery."""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+from helpers.redis_server import RedisServer
+from helpers.request_cache import FakeSemantic, answer, chat, run
+
+from strata.cache.request.request_cache import RequestCache, RequestCacheConfig
+from strata.cache.request.store import Entry
+from strata.cache.request.tinylfu import TinyLFU
+
+
+@pytest.fixture(scope="module")
+def server():
+    redis_server = RedisServer().start()
+    yield redis_server
+    redis_server.kill()
+
+
+@pytest.fixture
+def url(server):
+    if server.process is None:
+        server.start()
+    server.client().flushall()
+    return server.url()
+
+
+def replica(url, **cfg) -> RequestCache:
+    return RequestCache(RequestCacheConfig(redis=url, **cfg), semantic=FakeSemantic(), rng=random.Random(0))
+
+
+def eventually(check, timeout=2.0):
+    """Poll until check() is truthy; returns how long it took (the stream's delivery time)."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout, "not in sync in time"
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+def test_an_answer_on_one_replica_is_an_exact_and_a_semantic_hit_on_the_other(url, server):
+    a, b = replica(url), replica(url)
+    try:
+        _, first, computed = run(answer(a, chat("What is the capital of France?"), "Paris."))
+        assert first.layer == "miss" and computed == 1
+        hit = run(b.lookup(chat("What is the capital of France?")))
+        assert (hit.layer, hit.hit.text) == ("exact", "Paris.")
+        eventually(lambda: len(b.semantic) == 1)           # the write reached B's index through the stream
+        near = run(b.lookup(chat("What is the capital of France")))
+        assert near.layer.startswith("semantic") and near.hit.text == "Paris."
+        # stored in Redis with its TTL, under a key naming its tenant and model
+        (key,) = server.client().keys("strata:default:m%401:e:*")
+        stored = b.store.get(hit.hit.entry_id)
+        assert key.decode().endswith(hit.hit.entry_id) and stored.answer == "Paris."
+        assert abs(server.client().pttl(key) / 1000 - (stored.expires_at - time.time())) < 2
+        assert b.stats()["redis"]["up"] and b.health()["status"] == "ok"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_an_invalidation_on_one_replica_is_gone_on_the_other(url):
+    a, b = replica(url), replica(url)
+    try:
+        run(a.lookup(chat("Which plan am I on?"))).complete("Gold.", tags=("billing",))
+        run(a.drain())
+        run(answer(a, chat("What is a monad?"), "A monoid in the category of endofunctors."))
+        assert run(a.lookup(chat("Which plan am I on?"))).layer == "exact"      # in A's in-process layer
+        eventually(lambda: len(b.semantic) == 2)
+        assert b.invalidate(tag="billing") == 1
+        eventually(lambda: len(a.semantic) == 1)
+        gone = run(a.lookup(chat("Which plan am I on?")))
+        assert gone.layer == "miss"
+        gone.release()
+        assert run(a.lookup(chat("What is a monad?"))).layer == "exact"        # the other entry stays
+    finally:
+        a.close()
+        b.close()
+
+
+def test_tenants_never_see_each_others_entries(url, server):
+    a, b = replica(url), replica(url)
+    try:
+        run(answer(a, chat("When was the company founded?", tenant="acme"), "In 1999."))
+        eventually(lambda: len(b.semantic) == 1)
+        other = run(b.lookup(chat("When was the company founded?", tenant="globex")))
+        assert other.layer == "miss"
+        other.release()
+        assert b.store.ids(tenant="globex") == [] and len(b.store.ids(tenant="acme")) == 1
+        assert b.invalidate(tenant="globex") == 0
+        assert run(b.lookup(chat("When was the company founded?", tenant="acme"))).hit.text == "In 1999."
+        assert b.store.usage()["tenants"].keys() == {"acme"}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_byte_bounds_evict_in_redis_and_the_other_replica_forgets_too(url):
+    """The same rules as the SQLite store: a tenant over its share evicts its own least recently used entries."""
+    a, b = replica(url, max_bytes=20_000, tenant_max_share=0.5), replica(url, max_bytes=20_000, tenant_max_share=0.5)
+    try:
+        for i in range(6):
+            run(answer(a, chat(f"Tell me fact number {i}", tenant="acme"), f"fact {i} " + "x" * 2500))
+        run(answer(a, chat("Tell me the other fact", tenant="globex"), "other " + "y" * 2500))
+        usage = a.store.usage()
+        assert usage["tenants"]["acme"] <= 10_000 and usage["tenants"]["globex"] > 2500
+        evicted = a.stats()["counters"]["store"]["evicted_tenant_lru"]
+        assert evicted >= 2
+        kept = set(a.store.ids(tenant="acme"))
+        assert len(kept) == 6 - evicted
+        eventually(lambda: set(b.semantic.ids()) == kept | set(a.store.ids(tenant="globex")))
+        oldest = run(b.lookup(chat("Tell me fact number 0", tenant="acme")))
+        assert oldest.layer == "miss"       # least recently used: evicted first
+        oldest.release()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_question_in_flight_on_one_replica_is_computed_once(url):
+    a, b = replica(url), replica(url)
+    try:
+        async def go():
+            leader = await a.lookup(chat("Summarise the report."))
+            assert leader.layer == "miss"
+            waiting = asyncio.ensure_future(b.lookup(chat("Summarise the report.")))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()               # B holds back: A has the lease
+            leader.complete("It went well.")
+            await a.drain()
+            return await asyncio.wait_for(waiting, 3)
+
+        follower = run(go())
+        assert (follower.layer, follower.reason, follower.hit.text) == ("exact", "lease", "It went well.")
+        assert b.stats()["counters"]["lease"] == {"answered": 1}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_redis_down_serves_from_memory_queues_writes_and_catches_up(url, server):
+    a, b = replica(url, redis_queue_size=3), replica(url)
+    try:
+        run(answer(a, chat("What is a B-tree?"), "A balanced search tree."))
+        server.kill()
+        assert run(a.lookup(chat("What is a B-tree?"))).hit.text == "A balanced search tree."     # L1
+        for i in range(5):          # misses computed and answered; writes queued, the two oldest dropped
+            got, lookup, computed = run(answer(a, chat(f"Outage question {i}"), f"outage answer {i}"))
+            assert (got, computed) == (f"outage answer {i}", 1)
+        assert run(a.lookup(chat("Outage question 4"))).hit.text == "outage answer 4"     # served locally
+        eventually(lambda: not a.stats()["redis"]["up"])
+        link = a.stats()["redis"]
+        assert (link["queue"], link["dropped"]) == (3, 2) and link["errors"] >= 1
+        health = a.health()
+        assert health["status"] == "degraded" and "redis down" in health["reason"]
+        server.start()
+        eventually(lambda: a.stats()["redis"]["up"] and b.stats()["redis"]["up"], timeout=5)
+        assert a.stats()["redis"]["queue"] == 0 and a.health()["status"] == "ok"
+        for i in (2, 3, 4):         # the queued ones reached Redis and B
+            hit = run(b.lookup(chat(f"Outage question {i}")))
+            assert hit.layer == "exact" and hit.hit.text == f"outage answer {i}"
+        lost = run(b.lookup(chat("Outage question 0")))
+        assert lost.layer == "miss"         # dropped (counted above), not silently half-written
+        lost.release()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_replica_that_fell_behind_the_stream_rebuilds_its_index(url):
+    a, b = replica(url, redis_stream_len=4), replica(url)
+    try:
+        b.store.follower.stop()             # B stops reading; A writes more than the stream keeps
+        for i in range(12):
+            run(answer(a, chat(f"Gap question {i}"), f"gap answer {i}"))
+        before = b.store.follower.resyncs
+        b.store.follower.follow()           # reads what is left: the gap is noticed
+        assert not b.store.breaker.up
+        assert b.store.follower.recover() and b.store.follower.resyncs == before + 1
+        assert len(b.semantic) == 12
+    finally:
+        a.close()
+        b.close()
+
+
+def test_tinylfu_layer_is_bounded_by_entries_and_bytes():
+    now = time.time()
+
+    def entry(i, size):
+        return Entry(f"id{i}", "p", "t", "m", f"q{i}", "x" * size, now, now + 60)
+
+    by_count = TinyLFU(max_entries=10, max_bytes=10**9, clock=time.time)
+    for i in range(200):
+        by_count.put(entry(i, 10))
+    assert len(by_count) <= 10 + 16                # theine applies its bound in batches of 16 writes
+    by_bytes = TinyLFU(max_entries=1000, max_bytes=20_000, clock=time.time)
+    for i in range(50):
+        by_bytes.put(entry(i, 1000))
+    assert by_bytes.bytes <= 20_000 and 0 < len(by_bytes) <= 20_000 // entry(0, 1000).size
+    by_bytes.put(entry(99, 50_000))                 # larger than the whole budget: stays out
+    assert by_bytes.get("id99") is None
+    expired = TinyLFU(10, 10**6, clock=lambda: now + 120)
+    expired.put(entry(1, 10))
+    assert expired.get("id1") is None
