@@ -111,6 +111,7 @@ def run_spec_bench(config: EngineConfig, batch_sizes: tuple[int, ...] = (1, 4, 1
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     result: dict = {"model": engine.model_id, "dtype": str(engine.dtype).removeprefix("torch."),
                     "attention_backend": engine.backend.name, "num_speculative_tokens": config.num_speculative_tokens,
+                    "speculative_max_step_tokens": config.speculative_max_step_tokens,
                     "max_tokens": max_tokens, "torch_threads": torch.get_num_threads(),
                     "workloads": {}}
     same = total = 0

@@ -40,6 +40,7 @@ class EngineConfig:
     dummy_weights_seed: int = 0  # seed of the random weights of --load-format dummy
     speculative: str = "off"  # draft sources verified in one step: off | ngram (prompt lookup) | cache (answers of close cached questions) | ngram+cache
     num_speculative_tokens: int = 5  # most draft tokens per verify step (fewer while a request's drafts keep failing)
+    speculative_max_step_tokens: int = 32  # drafts fill a step only up to this many tokens in all: past it a CPU step is compute-bound and a rejected draft costs more than it saves (raise it on a GPU)
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -52,8 +53,8 @@ class EngineConfig:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}")
         if self.speculative not in SPECULATIVE:
             raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE)}, got {self.speculative!r}")
-        if self.num_speculative_tokens < 1:
-            raise ValueError("num_speculative_tokens must be >= 1")
+        if self.num_speculative_tokens < 1 or self.speculative_max_step_tokens < 1:
+            raise ValueError("num_speculative_tokens and speculative_max_step_tokens must be >= 1")
         if self.swap_space < 0:
             raise ValueError("swap_space must be >= 0 GiB")
         parse_memory(self.kv_cache_memory)  # fail early on a malformed size

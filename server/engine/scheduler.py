@@ -99,8 +99,11 @@ class Scheduler:
         return batch
 
     def _fit_drafts(self, batch: ScheduledBatch, budget: int) -> None:
-        """Drafts ride on what the step leaves: the token budget and free blocks above the watermark; they never
-        preempt anything. A sequence is verified with its decode or its prompt's last chunk; any other keeps none."""
+        """Drafts ride on what the step leaves: the token budget (at most speculative_max_step_tokens in the step)
+        and free blocks above the watermark; they never preempt anything. A sequence is verified with its decode or
+        its prompt's last chunk; any other keeps none."""
+        used = self.config.max_num_batched_tokens - budget
+        budget = min(budget, self.config.speculative_max_step_tokens - used)
         bs = self.blocks.block_size
         free_tokens = max(0, self.blocks.num_free_blocks - self.watermark) * bs
         for seq, n in batch.prefills:

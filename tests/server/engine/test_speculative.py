@@ -257,7 +257,7 @@ def test_sampling_with_drafts_keeps_the_models_distribution(tmp_path):
     first = dist(prompt)
     expected = torch.stack([first[a] * dist(prompt + [a]) for a in range(8)]).flatten()
     engine = LLMEngine(EngineConfig(model=str(tmp_path), dtype="fp32", kv_cache_memory="8MiB", block_size=8,
-                                    max_num_seqs=256, max_num_batched_tokens=2048))
+                                    max_num_seqs=256, max_num_batched_tokens=2048, speculative_max_step_tokens=2048))
     engine.drafter = OracleDrafts({tuple(prompt): [int(first.argmax()), 4]}, "right", length=2)
     engine.drafter.mode = "fixed"
     engine.drafter._draft = lambda seq: ([[int(first.argmax()), 4][seq.num_output_tokens]], "ngram")
@@ -298,3 +298,22 @@ def test_drafts_that_keep_failing_are_paused_longer_and_longer():
     assert state.allowed(5) == 3
     state.update(3, 3, 5)
     assert state.allowed(5) == 5
+
+
+def test_drafts_fill_a_step_only_up_to_its_token_cap(engines, monkeypatch):
+    engine = engines(speculative_max_step_tokens=9)
+    reference = plain_outputs(engine)
+    engine.drafter = OracleDrafts(reference, "right")
+    sizes = []
+    real_run = engine.runner.run
+
+    def run_and_count(batch):
+        if not batch.prefills:
+            sizes.append(sum(1 + len(s.draft_token_ids) for s in batch.decodes))
+        return real_run(batch)
+
+    monkeypatch.setattr(engine.runner, "run", run_and_count)
+    outs = engine.generate(PROMPTS, GREEDY)
+    engine.drafter = None
+    assert [o.token_ids for o in outs] == list(reference.values())
+    assert max(sizes) == 9 and engine.stats()["spec_ngram_accepted_tokens"] > 0
