@@ -303,7 +303,7 @@ def test_drafts_that_keep_failing_are_paused_longer_and_longer():
 def test_drafts_fill_a_step_only_up_to_its_token_cap(engines, monkeypatch):
     engine = engines(speculative_max_step_tokens=9)
     reference = plain_outputs(engine)
-    engine.drafter = OracleDrafts(reference, "right")
+    engine.drafter = drafter = OracleDrafts(reference, "right")
     sizes = []
     real_run = engine.runner.run
 
@@ -316,4 +316,4 @@ def test_drafts_fill_a_step_only_up_to_its_token_cap(engines, monkeypatch):
     outs = engine.generate(PROMPTS, GREEDY)
     engine.drafter = None
     assert [o.token_ids for o in outs] == list(reference.values())
-    assert max(sizes) == 9 and engine.stats()["spec_ngram_accepted_tokens"] > 0
+    assert max(sizes) == 9 and drafter.totals["ngram"].accepted_tokens > 0
