@@ -1,5 +1,5 @@
-"""The one place that picks the attention implementation: Triton on CUDA, the C++ decode kernel on CPU (torch when it
-cannot be built), the torch reference or the Triton interpreter on request."""
+"""The one place that picks kernels: for attention Triton on CUDA, the C++ decode kernel on CPU (torch when it cannot be
+built), the torch reference or the Triton interpreter on request; for weights the CPU's fastest format."""
 
 import functools
 import logging
@@ -11,6 +11,7 @@ import torch
 
 from strata.kernels import torch_reference
 from strata.kernels.cpu import paged_decode as cpu_paged
+from strata.kernels.cpu import weight_linear
 from strata.kernels.metadata import AttentionMetadata, LayerKV
 
 BACKENDS = ("auto", "cpu", "torch", "triton", "triton-interpret")
@@ -72,6 +73,39 @@ def cpu_kernel_builds() -> bool:
         cpu_paged.load()
     except Exception as exc:        # no compiler, no headers, a failed build: the torch reference still works
         log.warning("C++ CPU attention kernel unavailable (%s: %s); using the torch reference",
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return False
+    return True
+
+
+@dataclass(slots=True, frozen=True)
+class WeightChoice:
+    """What --dtype auto runs on a CPU: activations' dtype, how linear weights are stored, and why (for the log)."""
+
+    dtype: torch.dtype
+    weight_format: str        # none (dense in dtype) or f16 (fp16 in memory, fp32 math: kernels/cpu/weight_linear)
+    reason: str
+
+
+def fastest_cpu_weights() -> WeightChoice:
+    """Native bf16 (avx512_bf16 / AMX): bf16 weights prepacked for oneDNN. Otherwise (AVX-512 or AVX2 only) fp32
+    math over fp16 weights, which halves the bytes a decode step reads (F16C widens them in registers); dense fp32
+    when the C++ kernel cannot be built."""
+    isa = torch.backends.cpu.get_cpu_capability()
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return WeightChoice(torch.bfloat16, "none", f"{isa} with native bf16: bf16 weights and math (oneDNN)")
+    if weight_kernel_builds():
+        return WeightChoice(torch.float32, "f16", f"{isa} without native bf16: fp16 weights, fp32 math (C++ kernel)")
+    return WeightChoice(torch.float32, "none", f"{isa} without native bf16 and no C++ weight kernel: fp32 weights")
+
+
+@functools.cache
+def weight_kernel_builds() -> bool:
+    """Whether the C++ compact-weight kernel is (or can be) built here; says why once when it cannot."""
+    try:
+        weight_linear.load()
+    except Exception as exc:        # no compiler, no headers, a failed build
+        log.warning("C++ CPU weight kernel unavailable (%s: %s); dense weights only",
                     type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return False
     return True

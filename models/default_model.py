@@ -35,12 +35,20 @@ def find_default_gguf() -> Path:
 
 
 def ensure_default_model() -> Path:
-    """Return the converted default-model folder, converting the GGUF on first use."""
+    """Return the converted default-model folder, converting the GGUF on first use (and linking it there)."""
     target = default_model_dir()
-    if (target / "config.json").exists():
-        return target
-    convert_gguf(find_default_gguf(), target)
+    if not (target / "config.json").exists():
+        convert_gguf(find_default_gguf(), target)
+    link_source_gguf(target)
     return target
+
+
+def link_source_gguf(target: Path) -> None:
+    """A link to the GGUF the folder was converted from: --quantization gguf serves its blocks as they are."""
+    link = target / f"{DEFAULT_MODEL_NAME}.gguf"
+    if not link.exists():
+        link.unlink(missing_ok=True)          # a dangling link: the package moved
+        link.symlink_to(find_default_gguf())
 
 
 def convert_gguf(gguf: Path, target: Path) -> None:

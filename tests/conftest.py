@@ -57,3 +57,12 @@ def tiny_chat_model_dir(tmp_path_factory, default_model_dir) -> Path:
         if (default_model_dir / name).exists():
             shutil.copy(default_model_dir / name, path / name)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_engine(tiny_chat_model_dir):
+    """The engine config of the tiny chat model, for tests of the serving path rather than of the model's answers:
+    an engine process starts in about a second instead of loading SmolLM2's 540 MB."""
+    from strata.server.engine.config import EngineConfig
+
+    return EngineConfig(model=str(tiny_chat_model_dir), dtype="fp32", kv_cache_memory="64MiB", max_model_len=512)

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 LINK_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 _SCRIPT = resources.files("strata.cache.request").joinpath("data/redis_store.lua").read_text()
+# compare-and-delete: a lease that expired and was taken by another replica is not ours to delete
+_RELEASE_LEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 
 
 class StoreUnavailable(RuntimeError):
@@ -95,6 +97,7 @@ class RedisStore:
         except ValueError as exc:
             raise ValueError(f"--cache-redis {url!r}: {exc}") from None
         self.script = self.redis.register_script(_SCRIPT)
+        self.release_script = self.redis.register_script(_RELEASE_LEASE)
         self.breaker = Breaker()
         self.queue: deque[tuple[str, object]] = deque()     # ("put", Entry) | ("delete", ids) while down
         self.queue_size = queue_size
@@ -249,6 +252,16 @@ class RedisStore:
             self.breaker.failure(exc)
             return True
         return bool(taken)
+
+    def unlease(self, entry_id: str) -> None:
+        """Give the question's lease back (only if this replica still holds it), so that other replicas stop waiting
+        at once when the answer is stored, skipped or never came, instead of at the lease's expiry."""
+        if not self.breaker.up:
+            return
+        try:
+            self.release_script(keys=[f"{self.prefix}:lease:{entry_id}"], args=[self.origin])
+        except LINK_ERRORS as exc:
+            self.breaker.failure(exc)
 
     def flush(self) -> bool:
         """Replay the queued writes in order (the follower, on recovery); False when Redis failed again meanwhile

@@ -54,6 +54,7 @@ class Lookup:
     write: bool = False               # complete() queues a write-back
     cache: RequestCache | None = field(default=None, repr=False)
     flight: Flight | None = field(default=None, repr=False)
+    leased: bool = False              # this miss holds the question's cross-replica lease until it is answered
     done: bool = False
     drafts: tuple[str, ...] = ()      # a miss asked for draft_answers: the closest unserved candidates' answers
 
@@ -86,6 +87,8 @@ class Lookup:
         self.done = True
         if self.flight is not None and self.cache is not None:
             self.cache.flights.finish(self.flight, RELEASED)
+        if self.leased and self.cache is not None:
+            self.cache._unlease(self.key.exact)
 
     def _finish(self) -> None:
         if self.done:
@@ -102,6 +105,7 @@ class _Write:
     generation: int
     meta: AnswerMeta | None = None
     flight: Flight | None = None            # kept joinable until this write lands
+    leased: bool = False                    # the cross-replica lease is given back once this write is done
 
 
 class RequestCache:
@@ -216,9 +220,15 @@ class RequestCache:
                 found = None
             if found is not None:
                 return found
+        leased = False
         if self.shared is not None and not guarded:
             try:
-                found = await self._wait_lease(req, key, decision)
+                leased = await asyncio.to_thread(self.shared.lease, key.exact, self.config.lease_s)
+                found = None
+                if leased:
+                    self._stats.count("lease.taken")
+                else:
+                    found, leased = await self._wait_for_leaseholder(req, key, decision)
             except asyncio.CancelledError:
                 self.flights.finish(flight, RELEASED)
                 raise
@@ -233,7 +243,7 @@ class RequestCache:
         if req.draft_answers and flight.embedding is not None and not guarded:
             drafts = await asyncio.to_thread(self._draft_answers, req, key, flight.embedding)
         return Lookup("miss", "penetration-guard" if guarded else decision.reason, key=key, decision=decision,
-                      write=not guarded, cache=self, flight=flight, drafts=drafts)
+                      write=not guarded, cache=self, flight=flight, leased=leased, drafts=drafts)
 
     def _draft_answers(self, req: CacheRequest, key: RequestKey, embedding: np.ndarray) -> tuple[str, ...]:
         """The answers of the closest candidates the semantic layer did not serve, as this request would have been
@@ -246,25 +256,38 @@ class RequestCache:
                 texts.append(text)
         return tuple(texts)
 
-    async def _wait_lease(self, req: CacheRequest, key: RequestKey, decision: Decision) -> Lookup | None:
-        """Single-flight across replicas: take the question's lease and compute (None), or, when another replica
-        holds it, wait for its answer in the store (bounded by lease_wait_s; then None: compute after all)."""
-        if await asyncio.to_thread(self.shared.lease, key.exact, self.config.lease_s):
-            self._stats.count("lease.taken")
-            return None
+    async def _wait_for_leaseholder(self, req: CacheRequest, key: RequestKey,
+                                    decision: Decision) -> tuple[Lookup | None, bool]:
+        """Single-flight across replicas: another replica holds the question's lease. Wait for its answer in the store
+        (a hit, False); take the lease over when it is given back or expires without one (None, True: compute it);
+        or give up after lease_wait_s (None, False: compute anyway)."""
         deadline = time.monotonic() + self.config.lease_wait_s
         while time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-            entry = await asyncio.to_thread(self.faults.call, "lookup", self.exact.get_stored, key.exact)
-            text = self._serve(entry, req, key) if entry is not None else None
-            if text is not None:
-                self._stats.count("lease.answered")
-                age = max(0.0, self._touch(entry) - entry.created_at)
-                self._stats.observe_hit("exact", 1.0, age)
-                return Lookup("exact", "lease", CacheHit("exact", text, 1.0, entry.entry_id, age, meta=entry.meta),
-                              key=key, decision=decision)
+            found = await self._stored_answer(req, key, decision)
+            if found is not None:
+                return found, False
+            if await asyncio.to_thread(self.shared.lease, key.exact, self.config.lease_s):
+                found = await self._stored_answer(req, key, decision)    # it may have landed just before the lease went
+                if found is not None:
+                    self._unlease(key.exact)
+                    return found, False
+                self._stats.count("lease.taken_over")
+                return None, True
         self._stats.count("lease.timeout")
-        return None
+        return None, False
+
+    async def _stored_answer(self, req: CacheRequest, key: RequestKey, decision: Decision) -> Lookup | None:
+        """The leaseholder's answer once it is in the shared store, served as an exact hit."""
+        entry = await asyncio.to_thread(self.faults.call, "lookup", self.exact.get_stored, key.exact)
+        text = self._serve(entry, req, key) if entry is not None else None
+        if text is None:
+            return None
+        self._stats.count("lease.answered")
+        age = max(0.0, self._touch(entry) - entry.created_at)
+        self._stats.observe_hit("exact", 1.0, age)
+        return Lookup("exact", "lease", CacheHit("exact", text, 1.0, entry.entry_id, age, meta=entry.meta),
+                      key=key, decision=decision)
 
     async def _semantic_hit(self, req: CacheRequest, key: RequestKey, decision: Decision, flight: Flight) -> Lookup | None:
         if not self.semantic.serves(key.text):
@@ -398,15 +421,20 @@ class RequestCache:
         flight = lookup.flight
         submitted = False
         if lookup.write and not self.closed:
-            submitted = self.writer.submit(_Write(lookup.key, lookup.decision, text, tags, self.generation, meta, flight))
+            submitted = self.writer.submit(_Write(lookup.key, lookup.decision, text, tags, self.generation, meta, flight,
+                                                  lookup.leased))
             if not submitted:
                 self._stats.count("write.dropped")
+        if lookup.leased and not submitted:
+            self._unlease(lookup.key.exact)
         if flight is not None:
             flight.meta = meta
             self.flights.finish(flight, text, until_stored=submitted)
         self.guard.forget_failure(lookup.key.flight)
 
     def _fail(self, lookup: Lookup, exc: BaseException) -> None:
+        if lookup.leased:
+            self._unlease(lookup.key.exact)
         if lookup.flight is not None:
             self.flights.finish(lookup.flight, exc if isinstance(exc, Exception) else RELEASED)
         if isinstance(exc, Exception) and lookup.key is not None:
@@ -419,6 +447,16 @@ class RequestCache:
         finally:
             if job.flight is not None:
                 self.flights.drop(job.flight)
+            if job.leased:
+                self._unlease(job.key.exact)
+
+    def _unlease(self, entry_id: str) -> None:
+        """Give the cross-replica lease back off the event loop (a slow Redis must not stall it; a lease that is not
+        given back expires by itself)."""
+        try:
+            asyncio.get_running_loop().run_in_executor(None, self.shared.unlease, entry_id)
+        except RuntimeError:                # no running loop: the writer thread or a synchronous caller
+            self.shared.unlease(entry_id)
 
     def _store(self, job: _Write) -> bool:
         """PII filter, templating, TTL with jitter, embedding, store; runs on the writer thread (warm-up: inline)."""

@@ -154,6 +154,21 @@ def bench_spec(
     _emit(result, as_json, out)
 
 
+@bench_app.command("weight-accuracy")
+@config_command(engine=EngineConfig)
+def bench_weight_accuracy(
+    engine: EngineConfig,
+    max_tokens: int = typer.Option(64, help="Greedy tokens per prompt."),
+    as_json: bool = typer.Option(False, "--json"),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """Perplexity on a public-domain text and greedy agreement over 32 prompts: f16, int8, int4 and gguf weights vs
+    dense fp32 weights."""
+    from strata.server.bench.weights import run_weight_accuracy
+
+    _emit(run_weight_accuracy(_small_pool(engine, "1GiB"), max_tokens=max_tokens), as_json, out)
+
+
 @bench_app.command("cache-quality")
 @config_command(prefixed=("cache",), cache=RequestCacheConfig)
 def bench_cache_quality(

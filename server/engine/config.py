@@ -7,11 +7,13 @@ from pathlib import Path
 
 import torch
 
+from strata.kernels import fastest_cpu_weights
 from strata.models.default_model import ensure_default_model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PREEMPTION_MODES = ("swap", "recompute")
 SPECULATIVE = ("off", "ngram", "cache", "ngram+cache")
+QUANTIZATIONS = ("auto", "none", "f16", "int8", "int4", "gguf")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
@@ -23,7 +25,8 @@ class EngineConfig:
     load_format: str = "auto"  # auto (safetensors in the folder) or dummy (random weights of --model-config)
     model_config: str | None = None  # named model shape for dummy weights (e.g. llama-3.2-1b)
     tokenizer: str | None = None  # tokenizer folder; none = the model's (dummy weights: the default model's)
-    dtype: str = "auto"  # weights and activations: auto (bf16 on CUDA or native-bf16 CPUs, else fp32) | fp32 | bf16 | fp16
+    dtype: str = "auto"  # weights and activations: auto (bf16 on CUDA or native-bf16 CPUs, else fp32 math over fp16 weights) | fp32 | bf16 | fp16
+    quantization: str = "auto"  # weights kept compact (CPU): auto (what --dtype picks) | none | f16 | int8 (Q8_0) | int4 (Q4_1; lm_head Q8_0) | gguf (the folder's .gguf blocks as stored)
     kv_dtype: str = "auto"  # KV cache: auto (= dtype) | fp32 | bf16 | fp16 | int8 (a scale per token and KV head)
     block_size: int = 16  # tokens per KV block (8, 16, 32, 64 or 128)
     kv_cache_memory: str = "auto"  # KV pool: bytes ("2GiB") or a fraction of free memory ("0.5"); auto: see kv_cache_bytes
@@ -45,6 +48,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose auto, {', '.join(DTYPES)}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {self.quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
         if self.max_num_seqs <= 0 or self.max_num_batched_tokens < self.max_num_seqs:
@@ -71,12 +76,21 @@ class EngineConfig:
         return torch.device(self.device)
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        """bf16 on CUDA, and on CPUs with native bf16 (faster there: docs/benchmarks.md); fp32 on CPUs that would
-        only emulate bf16."""
+        """bf16 on CUDA; on CPU what kernels.fastest_cpu_weights picks (bf16 where native, else fp32 math)."""
         if self.dtype == "auto":
-            native_bf16 = device.type == "cuda" or torch.ops.mkldnn._is_mkldnn_bf16_supported()
-            return torch.bfloat16 if native_bf16 else torch.float32
+            return torch.bfloat16 if device.type == "cuda" else fastest_cpu_weights().dtype
         return DTYPES[self.dtype]
+
+    def resolve_weight_format(self, device: torch.device) -> tuple[str, str]:
+        """(how linear weights are stored, why): explicit --quantization, else what --dtype auto picks for this CPU."""
+        if self.quantization == "auto":
+            if self.dtype == "auto" and device.type == "cpu":
+                choice = fastest_cpu_weights()
+                return choice.weight_format, f"--dtype auto on {choice.reason}"
+            return "none", f"dense {self.dtype} weights"
+        if self.quantization != "none" and device.type != "cpu":
+            raise ValueError(f"--quantization {self.quantization} runs on CPU only (no CUDA kernel for it yet)")
+        return self.quantization, f"--quantization {self.quantization}"
 
     def resolve_kv_dtype(self, dtype: torch.dtype) -> str:
         if self.kv_dtype == "auto":

@@ -49,13 +49,14 @@ class RequestOutput:
     spec: dict[str, dict[str, int]] | None = None   # draft source -> drafts, proposed/accepted tokens, steps saved
 
 
-def model_fingerprint(config: EngineConfig, model_path: Path | None, dtype: torch.dtype, kv_dtype: str) -> str:
+def model_fingerprint(config: EngineConfig, model_path: Path | None, dtype: torch.dtype, kv_dtype: str,
+                      weight_format: str = "none") -> str:
     """What makes this engine's outputs what they are: the weights (folder, file sizes and times; or the dummy shape and
-    seed), the dtype and the resolved KV dtype. Prefix-cache blocks and cached answers are never shared across two
+    seed; how they are stored), the dtype and the resolved KV dtype. Prefix-cache blocks and cached answers are never shared across two
     fingerprints, so it is computed here, once, for both."""
     files = sorted(model_path.glob("*.safetensors")) if model_path else []
     ident = "|".join([str(model_path), config.load_format, str(config.model_config), str(config.dummy_weights_seed),
-                      str(dtype), kv_dtype, *(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)])
+                      str(dtype), kv_dtype, *([weight_format] if weight_format != "none" else []), *(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)])
     return xxhash.xxh3_64_hexdigest(ident.encode())[:12]
 
 
@@ -67,8 +68,11 @@ class LLMEngine:
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
         model_path = self.model_path = config.resolve_model_path()
+        self.weight_format, why = config.resolve_weight_format(self.device)
+        log.info("weights: %s, math in %s (%s)", self.weight_format, str(self.dtype).removeprefix("torch."), why)
         self.model = load_model(model_path, config.load_format, config.model_config, self.dtype, self.device,
-                                max_model_len=config.max_model_len, seed=config.dummy_weights_seed)
+                                max_model_len=config.max_model_len, seed=config.dummy_weights_seed,
+                                weight_format=self.weight_format)
         cfg = self.model.config
         self.model_config = cfg
         self.max_model_len = self.model.max_model_len
@@ -78,7 +82,7 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         kv_dtype = config.resolve_kv_dtype(self.dtype)
-        self.fingerprint = model_fingerprint(config, model_path, self.dtype, kv_dtype)
+        self.fingerprint = model_fingerprint(config, model_path, self.dtype, kv_dtype, self.weight_format)
         self.kv_layout = KVLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, config.block_size, kv_dtype)
         num_blocks = kv_cache_bytes(config.kv_cache_memory, self.device) // self.kv_layout.block_bytes
         if num_blocks < 1:

@@ -140,7 +140,7 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     import os
     import time
 
-    from strata.kernels.cpu.paged_decode import STALE_LOCK_S, clear_stale_lock
+    from strata.kernels.cpu.build import STALE_LOCK_S, clear_stale_lock
 
     lock = tmp_path / "lock"
     lock.touch()

@@ -12,9 +12,16 @@ from helpers.http_server import start_server
 from strata.cache.request.request_cache import RequestCacheConfig
 from strata.cache.request.semantic import SemanticCache
 from strata.server.api.config import ServerConfig
-from strata.server.engine.config import EngineConfig
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_chat_engine):
+    """One server for the three pairs: no question of one pair is near one of another."""
+    semantic = SemanticCache.from_config(RequestCacheConfig())          # the shipped embedder and second stage
+    with start_server(semantic, ServerConfig(default_max_tokens=8), engine=tiny_chat_engine) as srv:
+        yield srv
 
 
 @pytest.mark.parametrize("first, second, shares", [
@@ -22,26 +29,24 @@ pytestmark = [pytest.mark.http, pytest.mark.slow]
     ("Tell me story number 3 about the lighthouse.", "Tell me story number 4 about the lighthouse.", False),
     ("What is the boiling point of water?", "What is the boiling point of water?", True),
 ])
-def test_a_pending_neighbour_is_followed_only_when_it_asks_the_same(tiny_chat_model_dir, first, second, shares):
-    engine = EngineConfig(model=str(tiny_chat_model_dir), dtype="fp32", kv_cache_memory="64MiB", max_model_len=512)
-    semantic = SemanticCache.from_config(RequestCacheConfig())          # the shipped embedder and second stage
-    with start_server(semantic, ServerConfig(default_max_tokens=8), engine=engine) as server:
-        results = {}
+def test_a_pending_neighbour_is_followed_only_when_it_asks_the_same(server, first, second, shares):
+    results = {}
 
-        def ask(name, question, max_tokens):
-            with server.http() as http:
-                res = http.post("/v1/chat/completions", json={
-                    "model": server.model, "messages": [{"role": "user", "content": question}],
-                    "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
-            results[name] = (res.headers["x-strata-cache"], res.json()["choices"][0]["message"]["content"])
+    def ask(name, question, max_tokens):
+        with server.http() as http:
+            res = http.post("/v1/chat/completions", json={
+                "model": server.model, "messages": [{"role": "user", "content": question}],
+                "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
+        results[name] = (res.headers["x-strata-cache"], res.json()["choices"][0]["message"]["content"])
 
-        leader = threading.Thread(target=ask, args=("first", first, 120))
-        leader.start()
-        time.sleep(0.15)
-        ask("second", second, 120)
-        leader.join()
-        layer, text = results["second"]
-        if shares:
-            assert layer == "shared" and text == results["first"][1]
-        else:
-            assert layer == "miss", (layer, results)
+    leader = threading.Thread(target=ask, args=("first", first, 120))
+    leader.start()
+    time.sleep(0.15)
+    ask("second", second, 120)
+    leader.join()
+    assert results["first"][0] == "miss"                 # nothing stored before by another pair served it
+    layer, text = results["second"]
+    if shares:
+        assert layer == "shared" and text == results["first"][1]
+    else:
+        assert layer == "miss", (layer, results)

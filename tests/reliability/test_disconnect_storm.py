@@ -12,14 +12,12 @@ import pytest
 from helpers.http_server import hash_semantic, start_server
 
 from strata.server.api.config import ServerConfig
-from strata.server.engine.config import EngineConfig
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 
-def test_disconnect_storm_frees_everything_and_leaves_no_follower_waiting(tiny_chat_model_dir):
-    engine = EngineConfig(model=str(tiny_chat_model_dir), dtype="fp32", kv_cache_memory="64MiB", max_model_len=512)
-    with start_server(hash_semantic(), ServerConfig(default_max_tokens=8), engine=engine) as server:
+def test_disconnect_storm_frees_everything_and_leaves_no_follower_waiting(tiny_chat_engine):
+    with start_server(hash_semantic(), ServerConfig(default_max_tokens=8), engine=tiny_chat_engine) as server:
         rng = random.Random(7)
 
         def body(i: int) -> dict:

@@ -13,13 +13,14 @@ import time
 
 import httpx
 import pytest
-from helpers.http_server import MODEL, hash_semantic, start_server
+from helpers.http_server import hash_semantic, start_server
 
 from strata.server.engine.engine_client import RestartPolicy
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
-LONG = {"model": MODEL, "messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}],
-        "max_tokens": 400, "temperature": 0}
+# the tiny chat model (the drill is about the process, not the answers); ignore_eos keeps the long one running
+LONG = {"messages": [{"role": "user", "content": "Write a very long story about a lighthouse."}],
+        "max_tokens": 400, "temperature": 0, "ignore_eos": True}
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -32,16 +33,17 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
-def test_kill_in_flight_then_recover_within_30_s():
+def test_kill_in_flight_then_recover_within_30_s(tiny_chat_engine):
     slow_restart = RestartPolicy(max_restarts=3, window_s=300, backoff_s=2.0, max_backoff_s=2.0)
-    with start_server(hash_semantic(), restart=slow_restart) as server:
+    with start_server(hash_semantic(), restart=slow_restart, engine=tiny_chat_engine) as server:
+        long = dict(LONG, model=server.model)
         engine = server.app.state.completer.engine
         first_pid = engine.process.pid
         in_flight = {}
 
         def long_request():
             with server.http() as http:
-                in_flight["res"] = http.post("/v1/chat/completions", json=LONG)
+                in_flight["res"] = http.post("/v1/chat/completions", json=long)
 
         worker = threading.Thread(target=long_request)
         worker.start()
@@ -55,9 +57,9 @@ def test_kill_in_flight_then_recover_within_30_s():
 
         wait_for(lambda: engine.state == "starting", 10, "state starting")
         with server.http() as http:
-            refused = http.post("/v1/chat/completions", json=dict(LONG, max_tokens=4))
+            refused = http.post("/v1/chat/completions", json=dict(long, max_tokens=4))
             assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
-            with http.stream("POST", "/v1/chat/completions", json=dict(LONG, stream=True)) as stream:
+            with http.stream("POST", "/v1/chat/completions", json=dict(long, stream=True)) as stream:
                 assert stream.status_code == 503        # up front: not 200 and an in-band error later
         with server.http(None) as http:
             health = http.get("/health")
@@ -67,7 +69,7 @@ def test_kill_in_flight_then_recover_within_30_s():
         wait_for(lambda: engine.state == "ok", 30 - (time.monotonic() - killed_at), "engine back within 30 s")
         assert engine.process.pid != first_pid and engine.restarts == 1
         with server.http() as http:
-            again = http.post("/v1/chat/completions", json=dict(LONG, max_tokens=4))
+            again = http.post("/v1/chat/completions", json=dict(long, max_tokens=4))
         assert again.status_code == 200 and again.json()["choices"][0]["finish_reason"] == "length"
         with server.http(None) as http:
             body = http.get("/health").json()
@@ -75,9 +77,9 @@ def test_kill_in_flight_then_recover_within_30_s():
         assert server.idle_blocks(0) == 0
 
 
-def test_past_the_restart_budget_the_client_fails_for_good():
+def test_past_the_restart_budget_the_client_fails_for_good(tiny_chat_engine):
     with start_server(hash_semantic(), restart=RestartPolicy(max_restarts=1, window_s=300, backoff_s=0.1,
-                                                             max_backoff_s=0.1)) as server:
+                                                             max_backoff_s=0.1), engine=tiny_chat_engine) as server:
         engine = server.app.state.completer.engine
         os.kill(engine.process.pid, signal.SIGKILL)
         wait_for(lambda: engine.state == "ok" and engine.restarts == 1, 60, "first restart")
@@ -88,18 +90,18 @@ def test_past_the_restart_budget_the_client_fails_for_good():
         assert health.status_code == 503 and health.json()["status"] == "failed"
         assert "retry-after" not in health.headers
         with server.http() as http:
-            res = http.post("/v1/chat/completions", json=dict(LONG, max_tokens=4))
+            res = http.post("/v1/chat/completions", json=dict(LONG, model=server.model, max_tokens=4))
         assert res.status_code == 503 and "retry-after" not in res.headers
 
 
-def test_strata_serve_exits_non_zero_when_the_engine_keeps_dying(default_model_dir):
+def test_strata_serve_exits_non_zero_when_the_engine_keeps_dying(tiny_chat_model_dir):
     """With --engine-restarts 0 the first engine death stops the server with exit status 1 (for systemd/k8s)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "strata.server.cli", "serve", "--port", str(port),
-                               "--no-request-cache", "--dtype", "fp32", "--kv-cache-memory", "64MiB",
-                               "--num-threads", "1", "--engine-restarts", "0"],
+                               "--no-request-cache", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
+                               "--kv-cache-memory", "64MiB", "--num-threads", "1", "--engine-restarts", "0"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         def healthy():

@@ -17,21 +17,19 @@ from helpers.redis_server import RedisServer
 
 from strata.cache.request.config import RequestCacheConfig
 from strata.server.api.config import ServerConfig
-from strata.server.engine.config import EngineConfig
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def replicas(tiny_chat_model_dir):
+def replicas(tiny_chat_engine):
     """Redis, then replicas A and B on it: the tiny chat model, the hash embedder's fixed tiers."""
     with ExitStack() as stack:
         stack.callback(torch.set_num_threads, torch.get_num_threads())    # the two starts below race to restore it
         redis_server = RedisServer().start()
         stack.callback(redis_server.kill)
-        engine = EngineConfig(model=str(tiny_chat_model_dir), dtype="fp32", kv_cache_memory="64MiB", max_model_len=512)
         cache = RequestCacheConfig(redis=redis_server.url(), lease_wait_s=1.0)
-        starts = [start_server(hash_semantic(), ServerConfig(default_max_tokens=8), engine=engine, cache=cache)
+        starts = [start_server(hash_semantic(), ServerConfig(default_max_tokens=8), engine=tiny_chat_engine, cache=cache)
                   for _ in range(2)]
         with ThreadPoolExecutor(2) as pool:         # the two engines load at the same time
             entered = [pool.submit(start.__enter__) for start in starts]

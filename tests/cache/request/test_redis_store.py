@@ -145,6 +145,32 @@ def test_a_question_in_flight_on_one_replica_is_computed_once(url):
         b.close()
 
 
+def test_a_leader_that_gives_up_hands_the_lease_over_at_once_and_a_stored_answer_frees_it(url, server):
+    a, b = replica(url, lease_wait_s=5.0), replica(url)
+    try:
+        async def go():
+            leader = await a.lookup(chat("Draft the memo."))
+            waiting = asyncio.ensure_future(b.lookup(chat("Draft the memo.")))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()               # B holds back: A has the lease
+            started = time.monotonic()
+            leader.fail(RuntimeError("engine fault"))
+            follower = await asyncio.wait_for(waiting, 3)
+            return follower, time.monotonic() - started
+
+        follower, waited = run(go())
+        assert follower.layer == "miss" and follower.leased and waited < 1.0    # not lease_wait_s (5 s)
+        assert b.stats()["counters"]["lease"] == {"taken_over": 1}
+        assert server.client().keys("*:lease:*")                                 # B holds it now
+        follower.complete("Memo drafted.")
+        run(b.drain())
+        assert eventually(lambda: not server.client().keys("*:lease:*")) < 1.0  # given back once stored
+        assert (run(a.lookup(chat("Draft the memo."))).hit.text) == "Memo drafted."
+    finally:
+        a.close()
+        b.close()
+
+
 def test_redis_down_serves_from_memory_queues_writes_and_catches_up(url, server):
     a, b = replica(url, redis_queue_size=3), replica(url)
     try:

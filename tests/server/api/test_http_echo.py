@@ -6,18 +6,12 @@ from __future__ import annotations
 import openai
 import pytest
 import torch
-from helpers.http_server import MODEL, client, hash_semantic, start_server
+from helpers.http_server import MODEL, client
 from transformers import AutoModelForCausalLM
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 PROMPT = "The capital of France is Paris. The capital of Italy is"
-
-
-@pytest.fixture(scope="module")
-def server():
-    with start_server(hash_semantic()) as srv:
-        yield srv
 
 
 def complete(server, **kwargs):

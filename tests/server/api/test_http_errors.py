@@ -7,18 +7,11 @@ import json
 import httpx
 import openai
 import pytest
-from helpers.http_server import MODEL, hash_semantic, start_server
+from helpers.http_server import MODEL
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture(scope="module")
-def server():
-    with start_server(hash_semantic()) as srv:
-        srv.idle = srv.stats()["kv_blocks_used"]
-        yield srv
 
 
 @pytest.fixture(autouse=True)

@@ -5,17 +5,11 @@ from __future__ import annotations
 
 import openai
 import pytest
-from helpers.http_server import MODEL, client, hash_semantic, start_server
+from helpers.http_server import MODEL, client
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 HI = [{"role": "user", "content": "Tell me a word."}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with start_server(hash_semantic()) as srv:
-        yield srv
 
 
 def chat(server, **kwargs):

@@ -3,7 +3,7 @@ note): headers, the similar-question note per request and per server, and the re
 from __future__ import annotations
 
 import pytest
-from helpers.http_server import admin, ask, hash_semantic, start_server
+from helpers.http_server import admin, ask
 
 from strata.server.api.serving import SIMILAR_NOTE
 
@@ -15,11 +15,11 @@ SIMILAR = "What is the capital city of France?"      # hash cosine 0.90 to FRANC
 
 
 @pytest.fixture(scope="module")
-def server():
-    with start_server(hash_semantic()) as srv:
-        ask(srv, FRANCE)
-        srv.settle()
-        yield srv
+def server(server):
+    """The package's server (tests/server/api/conftest.py) with FRANCE answered and stored."""
+    ask(server, FRANCE)
+    server.settle()
+    return server
 
 
 def test_close_paraphrase_is_semantic(server):

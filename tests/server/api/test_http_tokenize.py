@@ -3,17 +3,11 @@ given (its usage counts them), /v1/models says the context length, bad input get
 from __future__ import annotations
 
 import pytest
-from helpers.http_server import MODEL, client, hash_semantic, start_server
+from helpers.http_server import MODEL, client
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with start_server(hash_semantic()) as srv:
-        yield srv
 
 
 def post(server, path: str, body: dict, key: str | None = "key-acme"):

@@ -41,12 +41,12 @@ def wait_gone(pid: int, timeout: float) -> bool:
     return gone(pid)
 
 
-def test_engine_steps_in_its_own_process_that_ends_with_the_server():
-    with start_server(hash_semantic()) as server:
+def test_engine_steps_in_its_own_process_that_ends_with_the_server(tiny_chat_engine, tiny_chat_model_dir):
+    with start_server(hash_semantic(), engine=tiny_chat_engine) as server:
         process = server.app.state.completer.engine.process
         assert process.pid != os.getpid() and process.is_alive()
         info, stats = server.inputs.info, server.stats()       # what the engine process reported at start
-        assert info.model_id == MODEL and info.vocab_size == 49152 and stats["kv_blocks_used"] == 0
+        assert info.model_id == tiny_chat_model_dir.name and info.vocab_size == 49152 and stats["kv_blocks_used"] == 0
         assert info.kv_capacity_tokens == stats["kv_capacity_tokens"]
         layer, _, out = ask(server, "Name a colour.")
         assert layer == "miss" and out.usage.completion_tokens > 0
@@ -66,10 +66,10 @@ def thread_nices(pid: int) -> dict[int, int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads per-thread nice values from Linux /proc")
-def test_every_engine_thread_runs_below_the_http_process():
+def test_every_engine_thread_runs_below_the_http_process(tiny_chat_engine):
     """Linux nice is per thread: the engine's compute threads (started while loading) must be reniced too, or they
     take the cores from the HTTP process's event loop at equal priority."""
-    with start_server(hash_semantic(), num_threads=2) as server:
+    with start_server(hash_semantic(), num_threads=2, engine=tiny_chat_engine) as server:
         ask(server, "Name a colour.")                        # a step ran: the intra-op worker threads exist
         pid = server.app.state.completer.engine.process.pid
         nices = thread_nices(pid)
@@ -77,10 +77,10 @@ def test_every_engine_thread_runs_below_the_http_process():
         assert thread_nices(os.getpid())[threading.get_native_id()] == os.getpriority(os.PRIO_PROCESS, 0) < ENGINE_NICE
 
 
-def test_a_request_that_fails_in_the_engine_fails_alone():
+def test_a_request_that_fails_in_the_engine_fails_alone(tiny_chat_engine):
     """A sequence that makes the model raise (a token id past the vocabulary, which validation would have refused)
     fails by itself; the request beside it completes and the engine process lives on."""
-    with start_server(hash_semantic()) as server:
+    with start_server(hash_semantic(), engine=tiny_chat_engine) as server:
         engine = server.app.state.completer.engine
         pid = engine.process.pid
         good = server.inputs.make_sequence("Write a long story.", SamplingParams(max_tokens=30, ignore_eos=True),
@@ -118,13 +118,14 @@ def test_a_killed_engine_process_ends_a_stream_in_flight_with_an_error():
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
-def test_engine_process_exits_when_the_server_is_killed(default_model_dir):
+def test_engine_process_exits_when_the_server_is_killed(tiny_chat_model_dir):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "strata.server.cli", "serve", "--port", str(port),
-                               "--no-request-cache", "--dtype", "fp32", "--kv-cache-memory", "64MiB",
-                               "--num-threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "--no-request-cache", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
+                               "--kv-cache-memory", "64MiB", "--num-threads", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -152,9 +153,10 @@ def test_an_engine_that_cannot_start_is_a_clear_error_from_strata_serve(tmp_path
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
-def test_sigterm_while_the_engine_loads_stops_both_processes_at_once(default_model_dir):
+def test_sigterm_while_the_engine_loads_stops_both_processes_at_once(tiny_chat_model_dir):
     server = subprocess.Popen([sys.executable, "-m", "strata.server.cli", "serve", "--port", "0",
-                               "--no-request-cache", "--dtype", "fp32", "--kv-cache-memory", "64MiB"],
+                               "--no-request-cache", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
+                               "--kv-cache-memory", "64MiB"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         children_file = Path(f"/proc/{server.pid}/task/{server.pid}/children")

@@ -62,6 +62,21 @@ def test_a_non_finite_row_fails_alone():
     assert tokens[0] == int(logits[0].argmax()) and isinstance(tokens[2], int)
 
 
+def test_an_all_greedy_batch_fails_its_broken_rows_alone():
+    """All-greedy batches take the one-pass argmax path; rows with NaN, +inf or nothing but -inf must still fail
+    alone, with the same errors as the full checks give."""
+    logits = torch.randn(5, 30)
+    logits[1, 3] = float("nan")
+    logits[2, 9] = float("inf")
+    logits[3] = float("-inf")
+    tokens = sample(logits, seqs_for(*[SamplingParams(temperature=0.0)] * 5))
+    assert [type(t) for t in tokens] == [int, RowError, RowError, RowError, int]
+    assert "non-finite" in tokens[1] and "non-finite" in tokens[2] and "no token" in tokens[3]
+    assert tokens[0] == int(logits[0].argmax()) and tokens[4] == int(logits[4].argmax())
+    healthy = torch.randn(4, 30)
+    assert sample(healthy, seqs_for(*[SamplingParams(temperature=0.0)] * 4)) == healthy.argmax(dim=-1).tolist()
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(temperature=math.nan), "temperature"), (dict(temperature=math.inf), "temperature"),
     (dict(top_p=math.nan), "top_p"), (dict(seed=2**64), "seed"), (dict(seed=-(2**63) - 1), "seed"),

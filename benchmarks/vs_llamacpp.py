@@ -1,0 +1,150 @@
+"""Strata and llama.cpp's server side by side on the same model, prompts and greedy settings, back to back.
+
+Builds nothing: pass a `llama-server` binary (see docs/benchmarks.md for the build used) and the GGUF it serves.
+Each server runs alone on the machine while it is measured (strata first, then llama.cpp), with 1, 4 and 16
+concurrent clients sending raw-text completions (temperature 0, ignore_eos, Strata's response cache bypassed with
+`Cache-Control: no-cache, no-store`). Prints JSON: tokens/s per workload and server, their ratio, and how far the
+two servers' outputs agree (token texts, up to each pair's first difference).
+
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/vs_llamacpp.py --llama-server /path/llama-server \
+        --gguf /path/SmolLM2-135M-Instruct.F16.gguf --serve-args "--quantization f16" --out result.json
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import aiohttp
+import httpx
+
+PROMPTS = json.loads((Path(__file__).parents[1] / "server/bench/data/int8_prompts.json").read_text())["raw"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def server(cmd: list[str], url: str, health: str) -> Iterator[None]:
+    """Run cmd until it answers `health` with 200; stop it afterwards (its log tail in the error if it dies)."""
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"{cmd[0]} exited: {log.read()[-3000:]}")
+            try:
+                if httpx.get(url + health, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{cmd[0]} did not become healthy in 600 s")
+            time.sleep(0.5)
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+async def run_load(url: str, model: str, clients: int, requests: int, max_tokens: int) -> tuple[dict, list[str]]:
+    """`requests` completions over `clients` concurrent clients; throughput and each prompt's text, in order."""
+    texts: list[str | None] = [None] * requests
+    generated = 0
+    queue = list(range(requests))
+    headers = {"Cache-Control": "no-cache, no-store"}
+
+    async def client(http: aiohttp.ClientSession) -> None:
+        nonlocal generated
+        while queue:
+            i = queue.pop(0)
+            body = {"model": model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens,
+                    "temperature": 0, "ignore_eos": True}
+            async with http.post(url + "/v1/completions", json=body, headers=headers) as res:
+                data = await res.json()
+                if res.status != 200:
+                    raise RuntimeError(f"{url} answered {res.status}: {data}")
+            texts[i] = data["choices"][0]["text"]
+            generated += data["usage"]["completion_tokens"]
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    return {"clients": clients, "requests": requests, "completion_tokens": generated,
+            "tok_s": round(generated / elapsed, 2), "wall_s": round(elapsed, 2)}, texts
+
+
+def agreement(a: list[str], b: list[str]) -> dict:
+    """Share of outputs identical, and the mean length of the common prefix as a share of the longer text."""
+    prefix = [next((i for i, (x, y) in enumerate(zip(s, t, strict=False)) if x != y), min(len(s), len(t)))
+              / max(len(s), len(t), 1) for s, t in zip(a, b, strict=True)]
+    return {"identical_share": round(sum(s == t for s, t in zip(a, b, strict=True)) / len(a), 4),
+            "mean_common_prefix_share": round(sum(prefix) / len(prefix), 4)}
+
+
+def cpu_flags() -> dict:
+    info = Path("/proc/cpuinfo").read_text().splitlines()
+    first = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in info if ":" in line}
+    flags = first.get("flags", "").split()
+    return {"model": first.get("model name", ""), "cores": os.cpu_count(),
+            "isa": [f for f in flags if f.startswith(("avx", "fma", "f16c", "amx"))]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--llama-server", required=True, help="path of a llama-server binary")
+    ap.add_argument("--gguf", required=True, help="the GGUF llama-server serves (same weights as strata's model)")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--requests-per-client", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--serve-args", default="", help="more `strata serve` flags, e.g. '--quantization f16'")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    model = "SmolLM2-135M-Instruct"
+    result: dict = {"cpu": cpu_flags(), "load_at_start": os.getloadavg(), "settings": vars(args) | {"out": None},
+                    "workloads": []}
+    runs: dict[str, dict[int, tuple[dict, list[str]]]] = {}
+    port = free_port()
+    strata = [sys.executable, "-m", "strata.server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+              "--cache-embedder", "none", "--num-threads", str(args.threads), "--max-num-seqs", "16",
+              *shlex.split(args.serve_args)]
+    llama = [args.llama_server, "-m", args.gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
+             "-np", "16", "-c", str(16 * 1024), "--cache-reuse", "0", "--no-webui"]
+    for name, cmd, health in (("strata", strata, "/health"), ("llama.cpp", llama, "/health")):
+        url = f"http://127.0.0.1:{port}"
+        with server(cmd, url, health):
+            asyncio.run(run_load(url, model, 1, 1, 4))                  # warm-up
+            runs[name] = {c: asyncio.run(run_load(url, model, c, c * args.requests_per_client, args.max_tokens))
+                          for c in args.clients}
+    for c in args.clients:
+        ours, theirs = runs["strata"][c], runs["llama.cpp"][c]
+        result["workloads"].append({"clients": c, "strata": ours[0], "llama.cpp": theirs[0],
+                                    "ratio_strata_over_llamacpp": round(ours[0]["tok_s"] / theirs[0]["tok_s"], 3),
+                                    "outputs": agreement(ours[1], theirs[1])})
+    result["load_at_end"] = os.getloadavg()
+    text = json.dumps(result, indent=1, default=str)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Builds a C++ kernel of this folder once per machine with the compiler torch uses (tens of seconds, then cached under
+TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions). Needs g++ and ninja; without them the build raises."""
+
+import hashlib
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+STALE_LOCK_S = 600          # a build takes well under a minute or two; a lock this old was left by a killed one
+
+
+def build_extension(stem: str, source: Path):
+    """Compile (or find compiled) `source` as module strata_cpu_<stem>; raises when it cannot be built here."""
+    from torch.utils.cpp_extension import _get_build_directory
+    from torch.utils.cpp_extension import load as build
+
+    os.environ.setdefault("MAX_JOBS", "2")
+    # per CPU and per checkout: torch rebuilds when the source path changes, so two installs sharing one name would
+    # rebuild each other's module on every start
+    name = f"strata_cpu_{stem}_{cpu_fingerprint()}_{hashlib.sha256(str(source).encode()).hexdigest()[:6]}"
+    clear_stale_lock(Path(_get_build_directory(name, verbose=False)))
+    return build(name, [str(source)], extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+                 extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def clear_stale_lock(build_dir: Path, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove the build lock a killed compile left behind (torch would wait on it for ever, so every later engine
+    start hung); a fresh lock belongs to a build in progress and stays. True when one was removed."""
+    lock = build_dir / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime < max_age_s:
+            return False
+        lock.unlink()
+    except FileNotFoundError:
+        return False
+    log.warning("removed a stale kernel build lock %s (left by a build that was killed)", lock)
+    return True
+
+
+def cpu_fingerprint() -> str:
+    """A short hash of this CPU's model and instruction-set flags: the build uses -march=native, so a cache directory
+    shared by different CPUs (a mounted home, a container image) must not hand one CPU's build to another."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))][:2]
+    except OSError:
+        lines = [platform.machine(), platform.processor()]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:10]

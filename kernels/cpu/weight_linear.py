@@ -1,0 +1,46 @@
+"""Linear layers over compact weights on CPU (weight_linear.cpp): fp16, or GGUF-style blocks of 32 (Q8_0, Q4_0/Q4_1).
+
+Small batches (decode) run the C++ kernel, which widens each weight row in cache; large ones (prefill) widen the whole
+weight once and hand it to BLAS, which is faster when many activation rows share the weight.
+"""
+
+import functools
+from pathlib import Path
+
+import torch
+
+from strata.kernels.cpu.build import build_extension
+
+SOURCE = Path(__file__).with_name("weight_linear.cpp")
+FORMATS = {"f16": 0, "q8": 1, "q4": 2}
+# Above this many activation rows, widening the weight once and calling BLAS beats the row kernel (measured on the
+# 2-core EPYC for SmolLM2-135M's shapes; see benchmarks/results/cpu_profile).
+KERNEL_MAX_ROWS = 32
+
+
+@functools.cache
+def load():
+    """The compiled module, built once per machine; raises (RuntimeError, OSError, ...) when it cannot be built."""
+    return build_extension("weight_linear", SOURCE)
+
+
+def linear(x: torch.Tensor, format: str, weight: torch.Tensor, scales: torch.Tensor | None,
+           mins: torch.Tensor | None, in_features: int) -> torch.Tensor:
+    """x [..., K] (any float dtype) times the compact weight [N, K] transposed -> [..., N] in x's dtype, fp32 math."""
+    rows = x.reshape(-1, in_features).float().contiguous()
+    code, empty = FORMATS[format], rows.new_empty(0)
+    scales = empty if scales is None else scales
+    mins = empty if mins is None else mins
+    if rows.shape[0] <= KERNEL_MAX_ROWS:
+        out = load().linear(rows, weight, scales, mins, code, in_features)
+    else:
+        out = torch.nn.functional.linear(rows, load().dequantize(weight, scales, mins, code, in_features))
+    return out.view(*x.shape[:-1], -1).to(x.dtype)
+
+
+def dequantize(format: str, weight: torch.Tensor, scales: torch.Tensor | None, mins: torch.Tensor | None,
+               in_features: int) -> torch.Tensor:
+    """The compact weight as fp32 [N, K]."""
+    empty = torch.empty(0)
+    return load().dequantize(weight, empty if scales is None else scales, empty if mins is None else mins,
+                             FORMATS[format], in_features)

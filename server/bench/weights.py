@@ -1,0 +1,42 @@
+"""`strata bench weight-accuracy`: what compact weights (fp16, INT8, INT4, the GGUF's own blocks) cost in accuracy
+against the dense fp32 model: perplexity on the public-domain text and greedy agreement on the 32 prompts."""
+
+import dataclasses
+import json
+import os
+
+import torch
+
+from strata.server.bench.kv import PROMPTS, TEXT, agreement, machine_note, text_ids
+from strata.server.engine.config import EngineConfig
+from strata.server.engine.llm_engine import LLMEngine
+from strata.server.engine.sampling_params import SamplingParams
+
+FORMATS = ("f16", "int8", "int4", "gguf")
+
+
+def run_weight_accuracy(config: EngineConfig, formats: tuple[str, ...] = FORMATS, max_tokens: int = 64,
+                        text_tokens: int | None = None, num_prompts: int | None = None) -> dict:
+    """Each weight format on a fresh engine (fp32 math) against dense fp32 weights; text_tokens and num_prompts
+    (None = all) shorten the run."""
+    prompts = json.loads(PROMPTS.read_text())
+    chat, raw = prompts["chat"][:num_prompts], prompts["raw"][:num_prompts]
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    ppl, tokens, load_at_start = {}, {}, os.getloadavg()
+    for weights in ("none", *formats):
+        engine = LLMEngine(dataclasses.replace(config, dtype="fp32", quantization=weights))
+        ids = text_ids(engine)[:text_tokens]
+        ppl[weights] = round(engine.perplexity(ids), 4)
+        outs = engine.generate(chat, params, chat=True) + engine.generate(raw, params)
+        tokens[weights] = [o.token_ids for o in outs]
+    return {
+        "ppl": ppl,
+        "ppl_increase_pct_vs_fp32": {f: round((ppl[f] / ppl["none"] - 1) * 100, 3) for f in formats},
+        "greedy_vs_fp32": {f: agreement(tokens["none"], tokens[f]) for f in formats},
+        "settings": {"text": f"server/bench/data/{TEXT.name}", "text_tokens": len(ids),
+                     "prompts": f"{len(chat)} chat (chat template) + {len(raw)} raw (server/bench/data/{PROMPTS.name})",
+                     "max_tokens": max_tokens, "greedy": True, "ignore_eos": True, "math": "fp32",
+                     "formats": {"none": "dense fp32", "f16": "fp16 weights", "int8": "Q8_0 blocks of 32 (gguf-py)",
+                                 "int4": "Q4_1 blocks of 32 (gguf-py), lm_head Q8_0", "gguf": "the model's .gguf blocks as stored"},
+                     "threads": torch.get_num_threads(), "machine_note": machine_note(load_at_start)},
+    }

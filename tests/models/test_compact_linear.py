@@ -1,0 +1,52 @@
+"""Compact weights (fp16, Q8_0, Q4_0, Q4_1) match gguf-py's own dequantization, and their matmuls match a
+dequantize-then-matmul reference on random shapes, in the row kernel (decode) and the BLAS path (prefill) alike."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+from torch import nn
+
+from strata.kernels.cpu import weight_linear
+from strata.models.compact_linear import CompactLinear
+
+
+@pytest.mark.parametrize("block_type", [Q.Q8_0, Q.Q4_0, Q.Q4_1])
+@pytest.mark.parametrize("out_features, in_features", [(7, 32), (67, 96), (256, 576)])
+def test_gguf_blocks_widen_exactly_and_multiply_like_the_reference(block_type, out_features, in_features):
+    rng = np.random.default_rng(out_features)
+    weight = (rng.standard_normal((out_features, in_features)) * 0.05).astype(np.float32)
+    blocks = quants.quantize(weight, block_type)
+    bias = torch.randn(out_features)
+    layer = CompactLinear.from_blocks(blocks, block_type, in_features, bias)
+    reference = torch.from_numpy(quants.dequantize(blocks, block_type).copy())
+    assert torch.equal(layer.unpacked_weight(), reference)       # same rounding as gguf-py, bit for bit
+    for rows in (1, 3, 4, 5, weight_linear.KERNEL_MAX_ROWS + 7):
+        x = torch.randn(rows, in_features)
+        torch.testing.assert_close(layer(x), nn.functional.linear(x, reference, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_f16_and_float_quantization_keep_the_layer_close():
+    torch.manual_seed(0)
+    linear = nn.Linear(320, 130, bias=False).requires_grad_(False)
+    x = torch.randn(2, 5, 320)
+    exact = linear(x)
+    for weight_format, tol in (("f16", 1e-3), ("int8", 2e-2), ("int4", 2e-1)):
+        layer = CompactLinear.from_linear(linear, weight_format)
+        out = layer(x)
+        assert out.shape == exact.shape
+        torch.testing.assert_close(out, nn.functional.linear(x, layer.unpacked_weight()), rtol=1e-5, atol=1e-5)
+        assert (out - exact).abs().max() < tol * exact.abs().max()
+    bf16 = CompactLinear.from_linear(linear, "int8")(x.bfloat16())
+    assert bf16.dtype == torch.bfloat16
+
+
+def test_bad_blocks_are_refused_clearly():
+    blocks = quants.quantize(np.zeros((4, 64), np.float32), Q.Q8_0)
+    with pytest.raises(ValueError, match="do not hold"):
+        CompactLinear.from_blocks(blocks, Q.Q8_0, 96)
+    with pytest.raises(ValueError, match="cannot stay compact"):
+        CompactLinear.from_blocks(blocks, Q.Q4_K, 64)
+    with pytest.raises(ValueError, match="divisible by 32"):
+        CompactLinear.from_linear(nn.Linear(40, 8), "int8")
