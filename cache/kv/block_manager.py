@@ -133,6 +133,20 @@ class BlockManager:
         for _ in range(self.blocks_needed(num_tokens) - len(seq.block_table)):
             seq.block_table.append(self._take_free_block())
 
+    def truncate(self, seq: BlockTableOwner, num_tokens: int) -> None:
+        """Give back the blocks past seq's first num_tokens tokens (a rejected draft's KV). They were grown for
+        tokens never registered in the prefix cache (only computed ones are), so they go straight back to the pool."""
+        keep = self.blocks_needed(num_tokens)
+        if keep < seq.num_hashed_blocks:
+            raise RuntimeError("cannot truncate into blocks registered in the prefix cache")
+        for block_id in reversed(seq.block_table[keep:]):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
+                self.free.move_to_end(block_id, last=False)
+        del seq.block_table[keep:]
+
     def _take_free_block(self) -> int:
         if not self.free:
             raise RuntimeError("KV block pool exhausted (scheduler should have checked)")

@@ -25,6 +25,7 @@ class CacheRequest:
     no_cache: bool = False            # Cache-Control: no-cache -> skip lookup, still write
     no_store: bool = False            # Cache-Control: no-store -> neither look up nor write
     client_id: str | None = None      # for the penetration guard
+    draft_answers: int = 0            # on a miss, the answers of up to this many closest candidates not served (drafts)
 
     def __post_init__(self) -> None:
         _check_name("tenant", self.tenant)
@@ -42,6 +43,8 @@ class CacheRequest:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.client_id is not None and not isinstance(self.client_id, str):
             raise ValueError("client_id must be a str or None")
+        if not isinstance(self.draft_answers, int) or self.draft_answers < 0:
+            raise ValueError("draft_answers must be an integer >= 0")
 
 
 @dataclass(slots=True, frozen=True)

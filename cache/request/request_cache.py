@@ -56,6 +56,7 @@ class Lookup:
     flight: Flight | None = field(default=None, repr=False)
     leased: bool = False              # this miss holds the question's cross-replica lease until it is answered
     done: bool = False
+    drafts: tuple[str, ...] = ()      # a miss asked for draft_answers: the closest unserved candidates' answers
 
     def complete(self, text: str, *, tags: tuple[str, ...] = (), meta: AnswerMeta | None = None) -> None:
         """Hand the computed answer (and its finish reason and token count, replayed with every hit) to waiting
@@ -238,8 +239,22 @@ class RequestCache:
         self.guard.note_miss(req.client_id, key)
         if guarded:
             self._stats.count("guard.marked")
+        drafts = ()
+        if req.draft_answers and flight.embedding is not None and not guarded:
+            drafts = await asyncio.to_thread(self._draft_answers, req, key, flight.embedding)
         return Lookup("miss", "penetration-guard" if guarded else decision.reason, key=key, decision=decision,
-                      write=not guarded, cache=self, flight=flight, leased=leased)
+                      write=not guarded, cache=self, flight=flight, leased=leased, drafts=drafts)
+
+    def _draft_answers(self, req: CacheRequest, key: RequestKey, embedding: np.ndarray) -> tuple[str, ...]:
+        """The answers of the closest candidates the semantic layer did not serve, as this request would have been
+        served them (same tenant, partition, unexpired): an engine may verify them as drafts, never serve them."""
+        texts = []
+        for entry_id, _, _ in self.semantic.candidates(key.text, key.partition, embedding)[:req.draft_answers]:
+            entry = self.faults.call("lookup", self.exact.get, entry_id)
+            text = self._serve(entry, req, key) if entry is not None else None
+            if text:
+                texts.append(text)
+        return tuple(texts)
 
     async def _wait_for_leaseholder(self, req: CacheRequest, key: RequestKey,
                                     decision: Decision) -> tuple[Lookup | None, bool]:

@@ -125,6 +125,7 @@ class _StateCollector:
         for state in ("running", "waiting", "swapped"):
             seqs.add_metric([state], kv[f"num_{state}"])
         yield seqs
+        yield from _spec_families(kv)
         rate = GaugeMetricFamily("strata_tokens_per_second", f"Completion tokens/s over {RATE_WINDOW_S:.0f} s",
                                  labels=["source"])
         for source, value in m.tokens_per_second().items():
@@ -132,6 +133,22 @@ class _StateCollector:
         yield rate
         if m.cache is not None:
             yield from _cache_families(m.cache.stats())
+
+
+SPEC_COUNTERS = {"drafts": "Verify steps that carried a speculative draft",
+                 "proposed_tokens": "Draft tokens proposed",
+                 "accepted_tokens": "Draft tokens the model accepted",
+                 "steps_saved": "Decode steps saved by accepted draft tokens"}
+
+
+def _spec_families(kv: dict):
+    """Speculative decoding counters by draft source (engine stats spec_<source>_<counter>; none when it is off)."""
+    for name, doc in SPEC_COUNTERS.items():
+        family = CounterMetricFamily(f"strata_spec_{name}", doc, labels=["source"])
+        for source in ("ngram", "cache"):
+            if f"spec_{source}_{name}" in kv:
+                family.add_metric([source], kv[f"spec_{source}_{name}"])
+        yield family
 
 
 def _cache_families(stats: dict):

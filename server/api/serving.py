@@ -19,6 +19,7 @@ from strata.server.engine.logprobs import TokenLogprob
 from strata.server.engine.sampling_params import InvalidParam, SamplingParams
 from strata.server.engine.sequence import Sequence
 
+CACHE_DRAFTS = 2        # with --speculative cache: the answers of this many closest unserved questions go as drafts
 SIMILAR_NOTE = "[Note: this answers a similar earlier question (similarity {:.2f}), not necessarily yours.]\n\n"
 
 
@@ -51,6 +52,7 @@ class Answer:
     scores_only: bool = False           # max_tokens 0 with echo: the token the engine sampled is not returned
     sent_logprobs: int = 0              # of logprobs, handed out by take_logprobs already
     prefilled: asyncio.Event = field(default_factory=asyncio.Event)   # set at its first output (or its end)
+    spec: dict[str, dict[str, int]] | None = None   # what speculative drafts did for it, per source
 
     def release(self) -> None:
         """Let single-flight followers go if this answer was never computed (a client gone before its first byte);
@@ -62,10 +64,14 @@ class Answer:
         out = {"X-Strata-Cache": self.layer}
         if self.similarity is not None and self.layer.startswith("semantic"):
             out["X-Strata-Similarity"] = f"{self.similarity:.4f}"
+        if self.spec:   # known once the answer is done: a non-streamed response's headers (and every body) carry it
+            out["X-Strata-Spec"] = "; ".join(f"{source} " + " ".join(f"{k}={v}" for k, v in counts.items())
+                                             for source, counts in self.spec.items())
         return out
 
     def strata(self) -> dict:
-        return {"cache": self.layer, "similarity": self.similarity, "reason": self.reason}
+        out = {"cache": self.layer, "similarity": self.similarity, "reason": self.reason}
+        return out | {"spec": self.spec} if self.spec else out
 
     def usage(self) -> dict:
         return usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
@@ -93,6 +99,7 @@ class Completer:
         self.config = config
         self.model_key = self.info.model_key
         self.prompts = PromptTokens(engine.inputs)
+        self.cache_drafts = CACHE_DRAFTS if "cache" in engine.config.speculative.split("+") else 0
 
     async def answer(self, req: ChatCompletionRequest | CompletionRequest, tenant: str, cache_control: str,
                      client_id: str | None, started: float, prompt: str | list[int] | None = None,
@@ -145,6 +152,8 @@ class Completer:
             except EngineUnavailable as exc:
                 raise unavailable(exc) from None
             seq = self.inputs.make_sequence(list(ids), params)
+            if lookup is not None and lookup.drafts:
+                seq.draft_candidates = [await self.tokens_of(text) for text in lookup.drafts]
         except (APIError, RequestError, InvalidParam) as exc:
             if lookup is not None:
                 lookup.release()        # followers compute themselves; nothing computed, nothing to remember
@@ -179,8 +188,17 @@ class Completer:
         return await asyncio.to_thread(self._count_tokens, text)
 
     def _count_tokens(self, text: str) -> int:
+        return len(self._tokens_of(text))
+
+    async def tokens_of(self, text: str) -> list[int]:
+        """A text's token ids (an answer used as a draft): long texts in a worker thread."""
+        if len(text) <= INLINE_CHARS:
+            return self._tokens_of(text)
+        return await asyncio.to_thread(self._tokens_of, text)
+
+    def _tokens_of(self, text: str) -> list[int]:
         tokenizer = self.inputs.tokenizer
-        return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer else 0
+        return tokenizer.encode(text, add_special_tokens=False) if tokenizer else []
 
     def _params(self, req, prompt_tokens: int, prompt_param: str, sample: int = 0) -> SamplingParams:
         """sample: which of the n samples; with a seed, sample j > 0 draws from seed + j (modulo 2**64), so the
@@ -224,7 +242,7 @@ class Completer:
         try:
             creq = CacheRequest(tenant, self.model_key, messages, sampling, mode=req.cache,
                                 no_cache="no-cache" in directives, no_store="no-store" in directives,
-                                client_id=client_id)
+                                client_id=client_id, draft_answers=self.cache_drafts)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
         return await self.cache.lookup(creq)
@@ -269,6 +287,7 @@ class Completer:
                         answer.finish_reason = "length"
                         continue
                     answer.completion_tokens = len(out.token_ids)
+                    answer.spec = out.spec
                     if out.finished:
                         answer.finish_reason, text = out.finish_reason, out.text
                     if answer.logprobs is not None:

@@ -126,6 +126,34 @@ def bench_int8_accuracy(
     _emit(run_int8_accuracy(_small_pool(engine, "1GiB"), max_tokens=max_tokens), as_json, out)
 
 
+@bench_app.command("spec")
+@config_command(engine=EngineConfig)
+def bench_spec(
+    engine: EngineConfig,
+    batch_sizes: str = typer.Option("1,4,16", help="Comma-separated batch sizes."),
+    max_tokens: int = typer.Option(96, help="Greedy tokens per request."),
+    num_prompts: int = typer.Option(4, help="Distinct prompts per workload (a batch repeats them)."),
+    repeats: int = typer.Option(2, help="Runs per side; each side keeps its fastest."),
+    workloads: str = typer.Option("", help="Comma-separated workloads to run (default: all)."),
+    as_json: bool = typer.Option(False, "--json"),
+    plot: Path | None = typer.Option(None, help="Write a PNG of the speedups here."),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """Decode tok/s and inter-token latency with and without speculative drafts (n-gram prompt lookup, cached
+    answers), batch 1, 4 and 16; acceptance per source; share of outputs identical to the run without drafts."""
+    from strata.server.bench.spec import plot_spec, run_spec_bench
+
+    try:
+        sizes = tuple(int(b) for b in batch_sizes.split(","))
+    except ValueError:
+        _fail(f"--batch-sizes takes integers separated by commas, got {batch_sizes!r}")
+    result = run_spec_bench(_small_pool(engine, "1GiB"), sizes, max_tokens, num_prompts, repeats,
+                            tuple(w for w in workloads.split(",") if w) or None)
+    if plot:
+        plot_spec(result, plot)
+    _emit(result, as_json, out)
+
+
 @bench_app.command("weight-accuracy")
 @config_command(engine=EngineConfig)
 def bench_weight_accuracy(

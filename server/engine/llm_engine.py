@@ -24,6 +24,7 @@ from strata.server.engine.sampler import RowError
 from strata.server.engine.sampling_params import SamplingParams
 from strata.server.engine.scheduler import ScheduledBatch, Scheduler
 from strata.server.engine.sequence import Sequence
+from strata.server.engine.spec.proposer import DraftProposer
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class RequestOutput:
     error: str | None = None      # finish_reason "error": why this request failed (the others went on)
     new_logprobs: list[TokenLogprob] = field(default_factory=list)   # of new_token_ids, when the request asked
     prompt_logprobs: list[TokenLogprob] | None = None   # with the first output token, when the request asked
+    spec: dict[str, dict[str, int]] | None = None   # draft source -> drafts, proposed/accepted tokens, steps saved
 
 
 def model_fingerprint(config: EngineConfig, model_path: Path | None, dtype: torch.dtype, kv_dtype: str,
@@ -103,6 +105,8 @@ class LLMEngine:
         self.info = ModelInfo(self.model_id, model_path, self.dtype, cfg.vocab_size, self.max_model_len,
                               self.kv_capacity_tokens, self.fingerprint)
         self.inputs = InputProcessor(self.info, self.tokenizer)
+        self.drafter = None if config.speculative == "off" else DraftProposer(
+            tuple(config.speculative.split("+")), config.num_speculative_tokens, self.max_model_len)
         self.requests: dict[str, Sequence] = {}
         self.num_generated_tokens = 0
 
@@ -161,11 +165,15 @@ class LLMEngine:
             "num_waiting": len(sched.waiting),
             "num_swapped": len(sched.swapped),
             "generated_tokens": self.num_generated_tokens,
+            **(self.drafter.stats() if self.drafter else {}),
         }
 
     # -- stepping ---------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduler + model step; returns an output for every request that got a token or finished."""
+        if self.drafter is not None:
+            sched = self.scheduler
+            self.drafter.propose(sched.running + [seq for seq in sched.waiting if seq.draft_candidates])
         batch = self.scheduler.schedule()
         outputs = []
         for seq in batch.failed:
@@ -183,13 +191,15 @@ class LLMEngine:
             if not seq.finished:
                 self.block_manager.register_computed(seq, seq.num_computed_tokens)
         now = time.perf_counter()
-        for seq, token, logprob in zip(sampled, tokens, logprobs, strict=True):
-            outputs.append(self._fail(seq, token) if isinstance(token, RowError)
-                           else self._append_token(seq, token, now, logprob))
+        for seq, new, new_logprobs in zip(sampled, tokens, logprobs, strict=True):
+            if seq.finished:        # aborted while the step ran
+                continue
+            outputs.append(self._fail(seq, new) if isinstance(new, RowError)
+                           else self._append_tokens(seq, new, now, new_logprobs))
         return outputs
 
     def _run_one_by_one(self, batch: ScheduledBatch
-                        ) -> tuple[list[Sequence], list[int | RowError], list[TokenLogprob | None]]:
+                        ) -> tuple[list[Sequence], list[list[int] | RowError], list[list[TokenLogprob | None]]]:
         """Each sequence of a failed step alone (a model call that raised advanced nothing, and rewriting the same KV
         slots is harmless); the ones that fail alone get a RowError. Block copies already ran with the batch."""
         sampled, tokens, logprobs = [], [], []
@@ -201,7 +211,7 @@ class LLMEngine:
             except Exception as exc:
                 seq = (sub.prefills[0][0] if sub.prefills else sub.decodes[0])
                 log.error("request %s failed in the engine: %s: %s", seq.request_id, type(exc).__name__, exc)
-                got, toks, lps = [seq], [RowError(f"the engine failed on this request ({type(exc).__name__})")], [None]
+                got, toks, lps = [seq], [RowError(f"the engine failed on this request ({type(exc).__name__})")], [[]]
             sampled += got
             tokens += toks
             logprobs += lps
@@ -212,8 +222,30 @@ class LLMEngine:
         seq.finish_reason, seq.error = "error", str(why)
         return self._finish(seq)
 
-    def _append_token(self, seq: Sequence, token: int, now: float, logprob: TokenLogprob | None = None
-                      ) -> RequestOutput:
+    def _append_tokens(self, seq: Sequence, tokens: list[int], now: float,
+                       logprobs: list[TokenLogprob | None]) -> RequestOutput:
+        """Append a step's tokens one by one, as plain decoding would, up to the first that ends the sequence; with
+        a verified draft, keep the accepted tokens' KV and give back the rest."""
+        draft = seq.draft_token_ids
+        if draft:
+            seq.num_computed_tokens += len(tokens) - 1      # accepted draft tokens: this step wrote their KV
+            self.block_manager.truncate(seq, seq.num_computed_tokens)
+        new: list[int] = []
+        for token in tokens:
+            new.append(token)
+            if self._commit(seq, token, now):
+                break
+        if draft:
+            self.drafter.record(seq, len(draft), len(tokens) - 1, len(new) - 1)
+            seq.draft_token_ids = []
+        new_text = self._release_text(seq)
+        new_logprobs = [lp for lp in logprobs[:len(new)] if lp is not None]
+        if seq.finish_reason is not None:
+            return self._finish(seq, new, new_text, new_logprobs)
+        return self._output(seq, new, new_text, new_logprobs)
+
+    def _commit(self, seq: Sequence, token: int, now: float) -> bool:
+        """Append one token and apply the stop conditions; True when it ended the sequence."""
         seq.token_ids.append(token)
         self.num_generated_tokens += 1
         if seq.first_token_time is None:
@@ -231,11 +263,7 @@ class LLMEngine:
             seq.finish_reason = "stop"
         elif seq.num_output_tokens >= params.max_tokens or len(seq.token_ids) >= self.max_model_len:
             seq.finish_reason = "length"
-        new_text = self._release_text(seq)
-        logprobs = [logprob] if logprob is not None else []
-        if seq.finish_reason is not None:
-            return self._finish(seq, [token], new_text, logprobs)
-        return self._output(seq, [token], new_text, logprobs)
+        return seq.finish_reason is not None
 
     @staticmethod
     def _release_text(seq: Sequence) -> str:
@@ -286,6 +314,7 @@ class LLMEngine:
             error=seq.error,
             new_logprobs=new_logprobs or [],
             prompt_logprobs=seq.prompt_logprobs if new_tokens and seq.num_output_tokens == 1 else None,
+            spec=seq.spec.summary(),
         )
 
     @torch.inference_mode()

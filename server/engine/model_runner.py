@@ -7,9 +7,10 @@ from strata.kernels import AttentionBackend, AttentionMetadata
 from strata.models.llama import LlamaForCausalLM
 from strata.server.engine.cuda_graph_runner import DecodeGraphs
 from strata.server.engine.logprobs import TokenLogprob, fill_prompt_logprobs, token_logprobs
-from strata.server.engine.sampler import sample
+from strata.server.engine.sampler import RowError, sample
 from strata.server.engine.scheduler import ScheduledBatch
 from strata.server.engine.sequence import Sequence
+from strata.server.engine.spec.verify import draft_logprobs, verify
 
 
 class ModelRunner:
@@ -33,17 +34,23 @@ class ModelRunner:
             self.swap.copy_blocks_to(self.kv, batch.swap_in)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], list[int], list[TokenLogprob | None]]:
-        """Run one step; return the sequences that reached their last known token, their next tokens and, for
-        those that asked, the tokens' logprobs."""
+    def run(self, batch: ScheduledBatch
+            ) -> tuple[list[Sequence], list[list[int] | RowError], list[list[TokenLogprob | None]]]:
+        """Run one step; return the sequences that reached their last known token, their new tokens (one, or a
+        verified draft's accepted tokens and one more) or a RowError, and, for those that asked, the tokens'
+        logprobs."""
         hidden, sample_rows, sampled = self.forward(batch)
         try:
             self._prompt_logprobs(batch, hidden)
             if not sampled:
                 return [], [], []
             logits = self.model.compute_logits(hidden[self._tensor(sample_rows)])
-            tokens = sample(logits, sampled, self.eos_token_ids)
-            return sampled, tokens, token_logprobs(logits, sampled, tokens)
+            if not any(seq.draft_token_ids for seq in sampled):
+                tokens = sample(logits, sampled, self.eos_token_ids)
+                return (sampled, [t if isinstance(t, RowError) else [t] for t in tokens],
+                        [[lp] for lp in token_logprobs(logits, sampled, tokens)])
+            new_tokens = verify(logits, sampled, self.eos_token_ids)
+            return sampled, new_tokens, draft_logprobs(logits, sampled, new_tokens)
         except BaseException:
             self._rewind(batch)
             raise
@@ -55,7 +62,7 @@ class ModelRunner:
             start = seq.num_computed_tokens - n          # forward advanced it already
             if seq.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
                 fill_prompt_logprobs(self.model.compute_logits(hidden[row:row + n]), seq, start)
-            row += n
+            row += n + (len(seq.draft_token_ids) if seq.num_computed_tokens == len(seq.token_ids) else 0)
 
     @staticmethod
     def _rewind(batch: ScheduledBatch) -> None:
@@ -75,26 +82,33 @@ class ModelRunner:
         bs = self.block_size
         for seq, n in batch.prefills:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            last = end == len(seq.token_ids)
+            draft = seq.draft_token_ids if last else []     # a draft is verified with the prompt's last chunk
             input_ids.extend(seq.token_ids[start:end])
+            input_ids.extend(draft)
+            end += len(draft)
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            cu_seqlens.append(cu_seqlens[-1] + n)
+            cu_seqlens.append(len(input_ids))
             prefill_lens.append(end)
             prefill_tables.append(table)
-            if end == len(seq.token_ids):
-                sample_rows.append(len(input_ids) - 1)
+            if last:
+                sample_rows.extend(range(len(input_ids) - 1 - len(draft), len(input_ids)))
                 sampled.append(seq)
         num_prefill_tokens = len(input_ids)
         decode_lens, decode_tables = [], []
         for seq in batch.decodes:
-            p = seq.num_computed_tokens
-            input_ids.append(seq.token_ids[p])
-            positions.append(p)
-            slots.append(seq.block_table[p // bs] * bs + p % bs)
-            decode_lens.append(p + 1)
-            decode_tables.append(seq.block_table)
-            sample_rows.append(len(input_ids) - 1)
+            # a draft's tokens are decode rows too, each attending to the sequence up to itself: one verify path
+            # for every decode kernel (C++, Triton, torch) and for the CUDA graphs
+            first = seq.num_computed_tokens
+            for p, token in enumerate([seq.token_ids[first], *seq.draft_token_ids], start=first):
+                input_ids.append(token)
+                positions.append(p)
+                slots.append(seq.block_table[p // bs] * bs + p % bs)
+                decode_lens.append(p + 1)
+                decode_tables.append(seq.block_table)
+                sample_rows.append(len(input_ids) - 1)
             sampled.append(seq)
         meta = AttentionMetadata(
             slot_mapping=self._tensor(slots),
@@ -110,7 +124,7 @@ class ModelRunner:
         input_ids, positions = self._tensor(input_ids), self._tensor(positions)
         bucket = None
         if self.graphs is not None and not batch.prefills:
-            bucket = self.graphs.bucket_for(len(batch.decodes), meta.decode_block_tables.shape[1])
+            bucket = self.graphs.bucket_for(len(decode_lens), meta.decode_block_tables.shape[1])
         if bucket is not None:
             hidden = self.graphs.run(bucket, input_ids, positions, meta)
         else:

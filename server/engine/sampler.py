@@ -32,12 +32,22 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: frozenset[
            ) -> list[int | RowError]:
     """One token per row of logits [S, vocab] (or a RowError); greedy rows never touch a random generator.
     eos_token_ids: what min_tokens holds back besides each request's stop_token_ids."""
+    tokens, probs, sampled = distributions(logits, seqs, eos_token_ids)
+    for row, i in enumerate(sampled):
+        tokens[i] = int(torch.multinomial(probs[row], 1, generator=seqs[i].generator))
+    return tokens
+
+
+def distributions(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: frozenset[int] = frozenset()
+                  ) -> tuple[list[int | RowError], torch.Tensor | None, list[int]]:
+    """What each row samples from: (the argmax or a RowError per row; the probabilities on the host [n, vocab], after
+    penalties, min_tokens, temperature, top-k and top-p, of the n rows that sample; the indices of those rows)."""
     raw = logits = logits.float()
     logits = suppress_early_stops(apply_penalties(logits, seqs), seqs, eos_token_ids)
     if logits is raw and all(s.params.greedy for s in seqs):
         tokens = greedy_tokens(logits)
         if tokens is not None:
-            return tokens
+            return tokens, None, []
     broken = torch.isnan(raw).any(dim=-1) | torch.isposinf(raw).any(dim=-1)
     tokens: list[int | RowError] = logits.argmax(dim=-1).tolist()
     for i in broken.nonzero().flatten().tolist():
@@ -48,7 +58,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: frozenset[
     broken |= stuck
     sampled = [i for i, s in enumerate(seqs) if not s.params.greedy and not broken[i]]
     if not sampled:
-        return tokens
+        return tokens, None, sampled
     rows = logits[sampled]
     temps = torch.tensor([max(seqs[i].params.temperature, MIN_TEMPERATURE) for i in sampled], device=rows.device)
     rows = torch.log_softmax(rows / temps.unsqueeze(1), dim=-1)
@@ -64,7 +74,4 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: frozenset[
         drop = (probs.cumsum(dim=-1) - probs) >= top_ps.unsqueeze(1)   # keep the token that crosses p
         drop[:, 0] = False                                             # ... and always the most likely one
         rows = torch.full_like(rows, float("-inf")).scatter(1, order, sorted_logp.masked_fill(drop, float("-inf")))
-    probs = torch.softmax(rows, dim=-1).cpu()    # the top token has probability > 0: no row is all zero
-    for row, i in enumerate(sampled):
-        tokens[i] = int(torch.multinomial(probs[row], 1, generator=seqs[i].generator))
-    return tokens
+    return tokens, torch.softmax(rows, dim=-1).cpu(), sampled   # the top token keeps p > 0: no row is all zero

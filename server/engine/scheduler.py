@@ -95,7 +95,31 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= self._schedule_chunk(seq, budget, batch, scheduled)
+        self._fit_drafts(batch, budget)
         return batch
+
+    def _fit_drafts(self, batch: ScheduledBatch, budget: int) -> None:
+        """Drafts ride on what the step leaves: the token budget (at most speculative_max_step_tokens in the step)
+        and free blocks above the watermark; they never preempt anything. A sequence is verified with its decode or
+        its prompt's last chunk; any other keeps none."""
+        used = self.config.max_num_batched_tokens - budget
+        budget = min(budget, self.config.speculative_max_step_tokens - used)
+        bs = self.blocks.block_size
+        free_tokens = max(0, self.blocks.num_free_blocks - self.watermark) * bs
+        for seq, n in batch.prefills:
+            if seq.num_computed_tokens + n < len(seq.token_ids):
+                seq.draft_token_ids = []
+        for seq in [seq for seq, _ in batch.prefills] + batch.decodes:
+            if not seq.draft_token_ids:
+                continue
+            room = len(seq.block_table) * bs - len(seq.token_ids)     # slots after its last token, already held
+            keep = max(0, min(len(seq.draft_token_ids), budget, room + free_tokens))
+            del seq.draft_token_ids[keep:]
+            if keep:
+                before = len(seq.block_table)
+                self.blocks.grow(seq, len(seq.token_ids) + keep)
+                free_tokens -= (len(seq.block_table) - before) * bs
+                budget -= keep
 
     def _schedule_chunk(self, seq: Sequence, budget: int, batch: ScheduledBatch, scheduled: set[Sequence]) -> int:
         n = min(seq.num_uncomputed_tokens, budget)

@@ -8,6 +8,7 @@ import torch
 
 from strata.server.engine.logprobs import TokenLogprob
 from strata.server.engine.sampling_params import SamplingParams
+from strata.server.engine.spec.state import DraftState
 
 
 class SequenceStatus(enum.Enum):
@@ -43,6 +44,12 @@ class Sequence:
     # with params.prompt_logprobs: one TokenLogprob per prompt token (the first has no logprob: nothing precedes it),
     # None until its prefill ran; filled by position, so a prefill run again after a preemption changes nothing
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # speculative decoding: the tokens proposed for the next step (never part of token_ids until verified), the
+    # source that proposed them, candidate answers a draft may come from (--speculative cache) and what it got
+    draft_token_ids: list[int] = field(default_factory=list)
+    draft_source: str | None = None
+    draft_candidates: list[list[int]] = field(default_factory=list)
+    spec: DraftState = field(default_factory=DraftState)
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)

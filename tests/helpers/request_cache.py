@@ -60,6 +60,10 @@ class FakeSemantic:
         emb = self.embed(text) if embedding is None else embedding
         return self.decide(text, [(i, sim, t) for sim, i, t in self._scored(emb, partition)])
 
+    def candidates(self, text, partition, embedding=None):
+        emb = self.embed(text) if embedding is None else embedding
+        return [(i, sim, t) for sim, i, t in self._scored(emb, partition)][:self.top_k]
+
     def decide(self, text, candidates):
         for i, sim, t in sorted(candidates, key=lambda c: -c[1]):
             if sim >= 0.8:

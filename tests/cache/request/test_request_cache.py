@@ -748,3 +748,18 @@ def test_an_invalidation_drops_answers_still_on_their_way_to_the_store():
     assert (text, lookup.layer) == ("new answer", "miss")
     assert [e.answer for e in cache.store.entries()] == ["new answer"]      # the stale write was dropped too
     cache.close()
+
+
+@pytest.mark.parametrize("leaky", [False, True])
+def test_a_miss_asked_for_drafts_gets_its_closest_unserved_answers_never_another_tenants(leaky):
+    """--speculative cache: the answers of the closest stored questions that did not serve go back with the miss,
+    filtered as a hit would be (a leaky index proves the facade checks the tenant itself)."""
+    cache = make(semantic=FakeSemantic(leaky=leaky))
+    run(answer(cache, chat("how do I bake sourdough bread at home"), "ACME BREAD"))
+    run(answer(cache, chat("how do I bake sourdough bread at home", tenant="globex"), "GLOBEX BREAD"))
+    lookup = run(cache.lookup(chat("how long should bread dough rise", draft_answers=2)))
+    assert lookup.layer == "miss" and lookup.drafts == ("ACME BREAD",)
+    lookup.release()
+    plain = run(cache.lookup(chat("how long should bread dough rise")))
+    assert plain.layer == "miss" and plain.drafts == ()
+    plain.release()

@@ -1,0 +1,1 @@
+"""Speculative decoding: draft sources and the rule that verifies their tokens in one step."""
