@@ -201,28 +201,38 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> dict:
             "first_divergence_positions": matched}
 
 
+def perplexity_and_greedy(configs: dict[str, EngineConfig], chat: list[str], raw: list[str], params: SamplingParams,
+                          text_tokens: int | None = None) -> tuple[dict[str, float], dict[str, list[list[int]]], int]:
+    """One fresh engine per named variant: perplexity of the public-domain text (its first text_tokens; None = all)
+    and the greedy token ids of the chat + raw prompts. Also returns how many text tokens were scored."""
+    ppl, tokens = {}, {}
+    for name, variant in configs.items():
+        engine = LLMEngine(variant)
+        ids = text_ids(engine)[:text_tokens]
+        ppl[name] = round(engine.perplexity(ids), 4)
+        outs = engine.generate(chat, params, chat=True) + engine.generate(raw, params)
+        tokens[name] = [o.token_ids for o in outs]
+    return ppl, tokens, len(ids)
+
+
 def run_int8_accuracy(config: EngineConfig, max_tokens: int = 64,
                       kv_dtypes: tuple[str, ...] = ("bf16", "int8")) -> dict:
     """Perplexity of the public-domain text and greedy outputs of the 32 prompts, each KV dtype against fp32 KV;
     bf16 is there as the yardstick of what a lossless-looking KV change already does to greedy outputs."""
     prompts = json.loads(PROMPTS.read_text())
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    ppl, tokens, load_at_start = {}, {}, os.getloadavg()
-    for kv_dtype in ("fp32", *kv_dtypes):
-        engine = LLMEngine(dataclasses.replace(config, kv_dtype=kv_dtype))
-        ids = text_ids(engine)
-        ppl[kv_dtype] = round(engine.perplexity(ids), 4)
-        outs = engine.generate(prompts["chat"], params, chat=True) + engine.generate(prompts["raw"], params)
-        tokens[kv_dtype] = [o.token_ids for o in outs]
+    load_at_start = os.getloadavg()
+    configs = {kv_dtype: dataclasses.replace(config, kv_dtype=kv_dtype) for kv_dtype in ("fp32", *kv_dtypes)}
+    ppl, tokens, text_tokens = perplexity_and_greedy(configs, prompts["chat"], prompts["raw"], params)
     return {
         "ppl": ppl,
         "ppl_increase_pct_vs_fp32": {d: round((ppl[d] / ppl["fp32"] - 1) * 100, 3) for d in kv_dtypes},
         "greedy_vs_fp32": {d: agreement(tokens["fp32"], tokens[d]) for d in kv_dtypes},
-        "settings": {"text": f"server/bench/data/{TEXT.name}", "text_tokens": len(ids),
+        "settings": {"text": f"server/bench/data/{TEXT.name}", "text_tokens": text_tokens,
                      "prompts": f"{len(prompts['chat'])} chat (chat template) + {len(prompts['raw'])} raw "
                                 f"(server/bench/data/{PROMPTS.name})",
                      "max_tokens": max_tokens, "greedy": True, "ignore_eos": True,
-                     "dtype": str(engine.dtype).removeprefix("torch."), "block_size": config.block_size,
+                     "dtype": str(config.resolve_dtype(config.resolve_device())).removeprefix("torch."), "block_size": config.block_size,
                      "kv_cache_memory": config.kv_cache_memory, "threads": torch.get_num_threads(),
                      "machine_note": machine_note(load_at_start)},
     }

@@ -7,9 +7,8 @@ import os
 
 import torch
 
-from strata.server.bench.kv import PROMPTS, TEXT, agreement, machine_note, text_ids
+from strata.server.bench.kv import PROMPTS, TEXT, agreement, machine_note, perplexity_and_greedy
 from strata.server.engine.config import EngineConfig
-from strata.server.engine.llm_engine import LLMEngine
 from strata.server.engine.sampling_params import SamplingParams
 
 FORMATS = ("f16", "int8", "int4", "gguf")
@@ -22,18 +21,14 @@ def run_weight_accuracy(config: EngineConfig, formats: tuple[str, ...] = FORMATS
     prompts = json.loads(PROMPTS.read_text())
     chat, raw = prompts["chat"][:num_prompts], prompts["raw"][:num_prompts]
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    ppl, tokens, load_at_start = {}, {}, os.getloadavg()
-    for weights in ("none", *formats):
-        engine = LLMEngine(dataclasses.replace(config, dtype="fp32", quantization=weights))
-        ids = text_ids(engine)[:text_tokens]
-        ppl[weights] = round(engine.perplexity(ids), 4)
-        outs = engine.generate(chat, params, chat=True) + engine.generate(raw, params)
-        tokens[weights] = [o.token_ids for o in outs]
+    load_at_start = os.getloadavg()
+    configs = {weights: dataclasses.replace(config, dtype="fp32", quantization=weights) for weights in ("none", *formats)}
+    ppl, tokens, scored = perplexity_and_greedy(configs, chat, raw, params, text_tokens)
     return {
         "ppl": ppl,
         "ppl_increase_pct_vs_fp32": {f: round((ppl[f] / ppl["none"] - 1) * 100, 3) for f in formats},
         "greedy_vs_fp32": {f: agreement(tokens["none"], tokens[f]) for f in formats},
-        "settings": {"text": f"server/bench/data/{TEXT.name}", "text_tokens": len(ids),
+        "settings": {"text": f"server/bench/data/{TEXT.name}", "text_tokens": scored,
                      "prompts": f"{len(chat)} chat (chat template) + {len(raw)} raw (server/bench/data/{PROMPTS.name})",
                      "max_tokens": max_tokens, "greedy": True, "ignore_eos": True, "math": "fp32",
                      "formats": {"none": "dense fp32", "f16": "fp16 weights", "int8": "Q8_0 blocks of 32 (gguf-py)",
