@@ -112,6 +112,7 @@ def run_spec_bench(config: EngineConfig, batch_sizes: tuple[int, ...] = (1, 4, 1
     result: dict = {"model": engine.model_id, "dtype": str(engine.dtype).removeprefix("torch."),
                     "attention_backend": engine.backend.name, "num_speculative_tokens": config.num_speculative_tokens,
                     "speculative_max_step_tokens": config.speculative_max_step_tokens,
+                    "speculative_policy": config.speculative_policy,
                     "max_tokens": max_tokens, "torch_threads": torch.get_num_threads(),
                     "workloads": {}}
     same = total = 0
@@ -129,8 +130,8 @@ def run_spec_bench(config: EngineConfig, batch_sizes: tuple[int, ...] = (1, 4, 1
             best = {}
             for _ in range(repeats):
                 for side in ("off", "on"):
-                    drafter = DraftProposer((source,), config.num_speculative_tokens, engine.max_model_len) \
-                        if side == "on" else None
+                    drafter = DraftProposer((source,), config.num_speculative_tokens, engine.max_model_len,
+                                            config.speculative_policy) if side == "on" else None
                     outs, seconds, decoded = run(engine, batch_prompts, params, drafter, answers)
                     if side not in best or seconds < best[side][1]:
                         best[side] = (outs, seconds, decoded, drafter)

@@ -13,6 +13,7 @@ from strata.models.default_model import ensure_default_model
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PREEMPTION_MODES = ("swap", "recompute")
 SPECULATIVE = ("off", "ngram", "cache", "ngram+cache")
+SPECULATIVE_POLICIES = ("cost", "always")
 QUANTIZATIONS = ("auto", "none", "f16", "int8", "int4", "gguf")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -44,6 +45,7 @@ class EngineConfig:
     speculative: str = "off"  # draft sources verified in one step: off | ngram (prompt lookup) | cache (answers of close cached questions) | ngram+cache
     num_speculative_tokens: int = 5  # most draft tokens per verify step (fewer while a request's drafts keep failing)
     speculative_max_step_tokens: int = 32  # drafts fill a step only up to this many tokens in all: past it a CPU step is compute-bound and a rejected draft costs more than it saves (raise it on a GPU)
+    speculative_policy: str = "cost"  # cost: verify only draft tokens whose acceptance pays for their row, priced from the engine's own step times | always: every draft the step's budget allows
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -58,6 +60,9 @@ class EngineConfig:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}")
         if self.speculative not in SPECULATIVE:
             raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE)}, got {self.speculative!r}")
+        if self.speculative_policy not in SPECULATIVE_POLICIES:
+            raise ValueError(f"speculative_policy must be one of {', '.join(SPECULATIVE_POLICIES)}, "
+                             f"got {self.speculative_policy!r}")
         if self.num_speculative_tokens < 1 or self.speculative_max_step_tokens < 1:
             raise ValueError("num_speculative_tokens and speculative_max_step_tokens must be >= 1")
         if self.swap_space < 0:

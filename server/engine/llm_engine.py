@@ -106,7 +106,9 @@ class LLMEngine:
                               self.kv_capacity_tokens, self.fingerprint)
         self.inputs = InputProcessor(self.info, self.tokenizer)
         self.drafter = None if config.speculative == "off" else DraftProposer(
-            tuple(config.speculative.split("+")), config.num_speculative_tokens, self.max_model_len)
+            tuple(config.speculative.split("+")), config.num_speculative_tokens, self.max_model_len,
+            config.speculative_policy)
+        self.scheduler.keep_paying_drafts = self._keep_paying_drafts
         self.requests: dict[str, Sequence] = {}
         self.num_generated_tokens = 0
 
@@ -183,7 +185,11 @@ class LLMEngine:
             return outputs
         stepped = [seq for seq, _ in batch.prefills] + batch.decodes
         try:
+            started = time.perf_counter()
             sampled, tokens, logprobs = self.runner.run(batch)
+            if self.drafter is not None and not batch.prefills:     # decode and verify rows price a draft's row
+                self.drafter.cost.observe(sum(1 + len(seq.draft_token_ids) for seq in batch.decodes),
+                                          time.perf_counter() - started)
         except Exception:           # one request's fault must not fail the others: find it by running each alone
             log.exception("engine step of %d requests failed; running them one by one", len(stepped))
             sampled, tokens, logprobs = self._run_one_by_one(batch)
@@ -197,6 +203,10 @@ class LLMEngine:
             outputs.append(self._fail(seq, new) if isinstance(new, RowError)
                            else self._append_tokens(seq, new, now, new_logprobs))
         return outputs
+
+    def _keep_paying_drafts(self, seqs: list[Sequence], rows: int) -> None:
+        if self.drafter is not None:        # (tests swap the drafter on a built engine)
+            self.drafter.keep_paying(seqs, rows)
 
     def _run_one_by_one(self, batch: ScheduledBatch
                         ) -> tuple[list[Sequence], list[list[int] | RowError], list[list[TokenLogprob | None]]]:

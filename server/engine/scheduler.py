@@ -4,6 +4,7 @@ swapped to host memory, or dropped and recomputed later.
 """
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from strata.cache.kv.block_manager import BlockManager
@@ -45,6 +46,8 @@ class Scheduler:
         self.swapped: list[Sequence] = []
         self.stats = PreemptionStats()
         self.watermark = max(1, block_manager.num_blocks // 100)  # room kept so admissions don't starve decodes
+        # cuts drafts to what pays for its rows, given the sampled sequences and the step's rows without drafts
+        self.keep_paying_drafts: Callable[[list[Sequence], int], None] | None = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -109,7 +112,11 @@ class Scheduler:
         for seq, n in batch.prefills:
             if seq.num_computed_tokens + n < len(seq.token_ids):
                 seq.draft_token_ids = []
-        for seq in [seq for seq, _ in batch.prefills] + batch.decodes:
+        sampled = [seq for seq, n in batch.prefills if seq.num_computed_tokens + n == len(seq.token_ids)]
+        sampled += batch.decodes
+        if self.keep_paying_drafts is not None:
+            self.keep_paying_drafts(sampled, used)
+        for seq in sampled:
             if not seq.draft_token_ids:
                 continue
             room = len(seq.block_table) * bs - len(seq.token_ids)     # slots after its last token, already held

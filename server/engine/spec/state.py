@@ -33,6 +33,8 @@ class DraftState:
     length: int = 0             # the next draft's most tokens; 0 = not set yet (the engine's maximum)
     misses: int = 0             # drafts in a row of which nothing was accepted
     pause: int = 0              # decode steps to run without a draft
+    hits: int = 0               # draft tokens accepted, and
+    tries: int = 0              # draft tokens that met the model: accepted ones plus the first rejected of each draft
     by_source: dict[str, DraftStats] = field(default_factory=dict)
 
     def count(self, source: str, one: DraftStats) -> None:
@@ -50,6 +52,8 @@ class DraftState:
         return min(self.length or maximum, maximum)
 
     def update(self, proposed: int, accepted: int, maximum: int) -> None:
+        self.hits += accepted
+        self.tries += accepted + (accepted < proposed)
         if accepted == 0:
             self.misses += 1
             self.length = max(1, (self.length or maximum) // 2)

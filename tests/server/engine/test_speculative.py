@@ -1,6 +1,7 @@
 """Speculative decoding: greedy outputs with any drafts equal the outputs without; sampling with drafts keeps the
 model's distribution; rejected drafts leave no blocks behind (aborts, preemption)."""
 
+import itertools
 import random
 
 import pytest
@@ -11,6 +12,7 @@ from strata.server.engine.config import EngineConfig
 from strata.server.engine.llm_engine import LLMEngine
 from strata.server.engine.sampling_params import SamplingParams
 from strata.server.engine.sequence import Sequence
+from strata.server.engine.spec.cost import StepCost
 from strata.server.engine.spec.ngram import continuation
 from strata.server.engine.spec.proposer import DraftProposer
 from strata.server.engine.spec.state import DraftState
@@ -29,8 +31,9 @@ class OracleDrafts(DraftProposer):
     """Drafts made from the known plain output: right, wrong from a position on, or random; every step, whatever
     the acceptance (no adaptive pause), and only for the prompts in `drafted`."""
 
-    def __init__(self, reference: dict[tuple, list[int]], mode: str, length: int = 5, drafted=None):
-        super().__init__(("ngram",), length, 10**6)
+    def __init__(self, reference: dict[tuple, list[int]], mode: str, length: int = 5, drafted=None,
+                 policy: str = "always"):
+        super().__init__(("ngram",), length, 10**6, policy=policy)
         self.reference, self.mode, self.length, self.rng = reference, mode, length, random.Random(0)
         self.drafted = drafted
 
@@ -317,3 +320,93 @@ def test_drafts_fill_a_step_only_up_to_its_token_cap(engines, monkeypatch):
     engine.drafter = None
     assert [o.token_ids for o in outs] == list(reference.values())
     assert max(sizes) == 9 and drafter.totals["ngram"].accepted_tokens > 0
+
+
+def test_step_cost_is_fitted_from_steps_of_different_sizes():
+    cost = StepCost()
+    for _ in range(5):
+        cost.observe(4, 0.05)
+    assert cost.per_row is None                     # one step size says nothing about a row's price
+    assert cost.keep(4, 4, [(0.1, 5)]) == [5]       # unknown: every draft is tried
+    rng = random.Random(0)
+    for _ in range(200):
+        rows = rng.randrange(1, 40)
+        cost.observe(rows, 0.03 + 0.002 * rows + rng.uniform(-1e-4, 1e-4))
+    assert cost.fixed == pytest.approx(0.03, rel=0.02) and cost.per_row == pytest.approx(0.002, rel=0.02)
+    for _ in range(200):                            # a steady batch afterwards keeps the slope it learned
+        cost.observe(16, 0.062)
+    assert cost.per_row == pytest.approx(0.002, rel=0.05)
+
+
+class PricedByTheTest(StepCost):
+    def observe(self, rows: int, seconds: float) -> None:
+        """Prices set by the test, not by this machine's step times."""
+
+
+def expected_rate(cost: StepCost, rows: int, sampled: int, drafts, kept) -> float:
+    tokens = sampled + sum(alpha ** j for (alpha, _), k in zip(drafts, kept, strict=True) for j in range(1, k + 1))
+    return tokens / (cost.fixed + cost.per_row * (rows + sum(kept)))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_kept_drafts_give_the_most_tokens_per_second_of_any_choice(seed):
+    """Oracle: every choice of draft prefixes, enumerated; the kept one has the best expected tokens per second."""
+    rng = random.Random(seed)
+    cost = StepCost(fixed=rng.uniform(0.001, 0.05), per_row=rng.uniform(0.0005, 0.01))
+    sampled = rng.randrange(1, 17)
+    rows = sampled + rng.choice([0, 0, 24])          # sometimes a prompt chunk rides along
+    drafts = [(rng.random(), rng.randrange(1, 5)) for _ in range(rng.randrange(1, 4))]
+    kept = cost.keep(rows, sampled, drafts)
+    assert all(0 <= k <= n for k, (_, n) in zip(kept, drafts, strict=True))
+    best = max(expected_rate(cost, rows, sampled, drafts, choice)
+               for choice in itertools.product(*(range(n + 1) for _, n in drafts)))
+    assert expected_rate(cost, rows, sampled, drafts, kept) == pytest.approx(best, rel=1e-9)
+
+
+def test_one_sequence_verifies_likely_drafts_and_a_full_cpu_batch_only_near_certain_ones():
+    cost = StepCost(fixed=0.03, per_row=0.004)       # a CPU step: 30 ms fixed, 4 ms per row
+    assert cost.keep(1, 1, [(0.5, 5)]) == [2]
+    assert cost.keep(1, 1, [(0.2, 5)]) == [1]
+    assert cost.keep(1, 1, [(0.05, 5)]) == [0]
+    assert cost.keep(16, 16, [(0.5, 5)] * 16) == [0] * 16
+    kept = cost.keep(16, 16, [(0.95, 5)] * 4 + [(0.5, 5)] * 12)
+    assert all(k > 0 for k in kept[:4]) and kept[4:] == [0] * 12
+
+
+def test_acceptance_starts_from_the_source_and_follows_the_request():
+    drafter = DraftProposer(("ngram",), 5, 10**6)
+    good, bad, fresh = (Sequence(f"r{i}", [1, 2, 3], GREEDY) for i in range(3))
+    for seq in (good, bad, fresh):
+        seq.draft_source = "ngram"
+    assert drafter.acceptance(fresh) == 1.0          # nothing seen yet: every source gets tried
+    for _ in range(10):
+        drafter.record(good, 5, 5, 5)
+        drafter.record(bad, 5, 0, 0)
+    assert drafter.acceptance(bad) < 0.2 < 0.9 < drafter.acceptance(good)
+    assert drafter.acceptance(fresh) == pytest.approx(51 / 61)     # the source's record: 50 of 60 tries
+
+
+@pytest.mark.parametrize(("mode", "step_cost", "drafted_late"), [
+    ("random", (1.0, 1e-4), True),        # overhead-bound: even poor drafts get a token
+    ("random", (1e-4, 1.0), False),       # compute-bound: poor drafts stop being verified
+    ("right", (1e-4, 1.0), True),         # ... but drafts that are always right go on
+])
+def test_the_cost_policy_drops_drafts_that_do_not_pay_and_outputs_stay_the_same(engines, monkeypatch, mode,
+                                                                                 step_cost, drafted_late):
+    engine = engines()
+    reference = plain_outputs(engine)
+    drafter = OracleDrafts(reference, mode, policy="cost")
+    drafter.cost = PricedByTheTest(fixed=step_cost[0], per_row=step_cost[1])
+    verified = []
+    real_run = engine.runner.run
+
+    def run_and_count(batch):
+        if not batch.prefills:
+            verified.append(sum(len(s.draft_token_ids) for s in batch.decodes))
+        return real_run(batch)
+
+    monkeypatch.setattr(engine.runner, "run", run_and_count)
+    outs = drafted_outputs(engine, drafter)
+    assert [o.token_ids for o in outs] == list(reference.values())
+    assert (sum(verified[len(verified) // 2:]) > 0) == drafted_late
+    assert all_free(engine)
