@@ -12,6 +12,7 @@ import torch
 from strata.kernels import torch_reference
 from strata.kernels.cpu import paged_decode as cpu_paged
 from strata.kernels.cpu import weight_linear
+from strata.kernels.layer_ops import CPU_OPS, TORCH_OPS, LayerOps
 from strata.kernels.metadata import AttentionMetadata, LayerKV
 
 BACKENDS = ("auto", "cpu", "torch", "triton", "triton-interpret")
@@ -20,21 +21,23 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True, frozen=True)
 class AttentionBackend:
-    """The three operations the model calls per layer, bound to one implementation."""
+    """The three attention operations the model calls per layer, bound to one implementation, and the small
+    operations around them (norms, rotary embedding, SwiGLU)."""
 
     name: str
     write_kv: Callable[[torch.Tensor, torch.Tensor, LayerKV, torch.Tensor], None]
     decode: Callable[[torch.Tensor, LayerKV, torch.Tensor, torch.Tensor, float], torch.Tensor]
     prefill: Callable[[torch.Tensor, LayerKV, AttentionMetadata, float], torch.Tensor]
+    ops: LayerOps = TORCH_OPS
 
 
 TORCH = AttentionBackend(
     "torch", torch_reference.write_kv, torch_reference.paged_decode_attention, torch_reference.paged_prefill_attention
 )
 # Decode reads the cache in place (cpu/paged_decode.cpp); writes and prefill (compute-bound, SDPA's flash kernel)
-# stay on torch.
+# stay on torch; the small per-layer ops are fused C++ (cpu/pointwise.cpp), built with the decode kernel.
 CPU = AttentionBackend("cpu", torch_reference.write_kv, cpu_paged.paged_decode_attention,
-                       torch_reference.paged_prefill_attention)
+                       torch_reference.paged_prefill_attention, CPU_OPS)
 
 
 def resolve_backend_name(name: str, device: torch.device) -> str:

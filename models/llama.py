@@ -4,23 +4,25 @@ import torch
 from torch import nn
 
 from strata.kernels import AttentionBackend, AttentionMetadata, LayerKV
+from strata.kernels.layer_ops import TORCH_OPS, LayerOps
 from strata.models.config import ModelConfig
-from strata.models.rope import RotaryEmbedding, apply_rope
+from strata.models.rope import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in fp32, like the reference implementation, so fp32 outputs match it bit for bit."""
+    """An RMSNorm's weight; the math is the backend's (kernels/layer_ops.py), in fp32 like the reference."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(self, x: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor, ops: LayerOps) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this norm of x + residual, x + residual): a pre-norm block's seam."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -43,7 +45,7 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = apply_rope(q, k, *rope)
+        q, k = backend.ops.rope(q, k, *rope)
         backend.write_kv(k, v, kv, meta.slot_mapping)
         num_prefill = meta.num_prefill_tokens
         if num_prefill == q.shape[0]:
@@ -66,9 +68,8 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -79,9 +80,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, rope, x, kv, meta, backend) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x), kv, meta, backend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, rope, x, residual, kv, meta, backend) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output, added to the running residual here (the first layer: the embeddings,
+        residual None); returns this layer's MLP output and the residual before it."""
+        ops = backend.ops
+        h, residual = (self.input_layernorm(x, ops), x) if residual is None else self.input_layernorm.add(x, residual, ops)
+        h, residual = self.post_attention_layernorm.add(self.self_attn(rope, h, kv, meta, backend), residual, ops)
+        return self.mlp(h, ops), residual
 
 
 class LlamaModel(nn.Module):
@@ -115,9 +120,10 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rope.lookup(positions, x.dtype)
+        residual = None
         for layer, kv in zip(self.model.layers, kv_layers, strict=True):
-            x = layer(rope, x, kv, meta, backend)
-        return self.model.norm(x)
+            x, residual = layer(rope, x, residual, kv, meta, backend)
+        return self.model.norm.add(x, residual, backend.ops)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 STALE_LOCK_S = 600          # a build takes well under a minute or two; a lock this old was left by a killed one
 
 
-SOURCES = ("paged_decode.cpp", "weight_linear.cpp")     # paged_decode.cpp binds both
+SOURCES = ("paged_decode.cpp", "weight_linear.cpp", "pointwise.cpp")     # paged_decode.cpp binds them all
 
 
 def build_kernels():

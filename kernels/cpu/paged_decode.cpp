@@ -166,15 +166,23 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   return out;
 }
 
-// The module binds every kernel of this folder (weight_linear.cpp's too): one build, its two sources compiled in
+// The module binds every kernel of this folder (weight_linear.cpp's and pointwise.cpp's too): one build, its sources compiled in
 // parallel, instead of one build per kernel (each spends most of its time in torch's headers; a third source just
 // for the bindings would add a third such compile).
 torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales, torch::Tensor mins,
                      int64_t format, int64_t K);
 torch::Tensor dequantize(torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, int64_t format, int64_t K);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
+void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
+torch::Tensor silu_mul(torch::Tensor gate_up);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
   m.def("linear", &linear, "x [M, K] fp32 @ compact weight [N, K].T -> [M, N] fp32");
   m.def("dequantize", &dequantize, "compact weight -> fp32 [N, K]");
+  m.def("rms_norm", &rms_norm, "RMSNorm of each row (fp32)");
+  m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then RMSNorm of it (fp32)");
+  m.def("rope_", &rope_, "rotary embedding in place, rotate-half convention (fp32)");
+  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up row (fp32)");
 }
