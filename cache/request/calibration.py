@@ -3,8 +3,8 @@ Clopper-Pearson bound of the false-hit rate among the answers served is at most 
 
 A threshold is certified on scored calibration pairs (data/semantic_calibration.npz, or a user's file from
 `strata calibrate`). Per language and tier: the plain "serve" tier must hold the bound D/4 (an answer given as if it
-were the question's own), the "similar" tier the bound D on its own band (it is for right answers worded for another
-question, not a second chance for doubtful ones). With several domains in the data (the shipped file has eight
+were the question's own), the "similar" tier the bound D over every answer served from its threshold up, both tiers (it is for right answers
+worded for another question, not a second chance for doubtful ones; and a smaller D never serves more). With several domains in the data (the shipped file has eight
 public sets), the bound is taken over the pooled pairs and, in addition, each domain's own false-hit share must stay
 within it ("hybrid"): a threshold that holds on average while one kind of traffic fails is not certified. Where no
 threshold meets the bound, that language is not served semantically at all.
@@ -19,10 +19,19 @@ from pathlib import Path
 import numpy as np
 
 LANGUAGES = ("en", "zh")
+# The second stage's decision score is its logit plus this times the candidate's cosine. The cross-encoder's logit
+# saturates (about 4.1-4.2 on every confident pair), so inside that band its ranking is noise; the cosine orders it.
+# Set a priori to one logit unit per unit of cosine, not fitted: 0.3-2 certify alike (docs/semantic-quality.md).
+COSINE_WEIGHT = 1.0
 SERVE_SHARE = 0.25                      # the serve tier's bound, as a share of D
 CONFIDENCE = 0.95
 CALIBRATION_PATH = Path(__file__).with_name("data") / "semantic_calibration.npz"
 OFF = math.inf                          # a threshold nothing reaches: the tier (or language) serves nothing
+
+
+def decision_score(logit, cosine):
+    """What the tiers threshold with a second stage: its logit, the cosine breaking its saturation (COSINE_WEIGHT)."""
+    return logit + COSINE_WEIGHT * cosine
 
 
 def cp_upper(k: np.ndarray | int, n: np.ndarray | int, confidence: float = CONFIDENCE) -> np.ndarray:
@@ -108,12 +117,10 @@ class ScoredPairs:
                        z["score"].astype(np.float64), cosine, json.loads(str(z["__meta__"])), adapter or None)
 
 
-def certified(score: np.ndarray, label: np.ndarray, domain: np.ndarray, bound: float, upper: float = math.inf,
+def certified(score: np.ndarray, label: np.ndarray, domain: np.ndarray, bound: float,
               confidence: float = CONFIDENCE) -> float:
-    """The lowest threshold t such that the pairs scored in [t, upper) keep the false-hit share within `bound`:
+    """The lowest threshold t such that the pairs scored at t or above keep the false-hit share within `bound`:
     pooled upper CP bound <= bound, and each domain's own share <= bound. OFF when none does."""
-    inside = score < upper
-    score, label, domain = score[inside], label[inside], domain[inside]
     candidates = np.unique(score[np.isfinite(score)])[::-1]
     if not len(candidates):
         return OFF
@@ -134,7 +141,7 @@ def fit_tiers(data: ScoredPairs, embedder: str, second_stage: bool, max_error: f
               floor_quantile: float = 0.02) -> tuple[TierTable, dict]:
     """Tiers per language for this embedder and bound, and a report of what was certified on how many pairs.
 
-    With the second stage the score is its logit, asked only at cosine >= floor (the cosine that all but
+    With the second stage the score is decision_score (its logit and the cosine), asked only at cosine >= floor (the cosine that all but
     floor_quantile of the language's positive pairs reach); without it the score is the cosine itself."""
     if not 0 < max_error < 1:
         raise ValueError(f"max_error must be in (0, 1), got {max_error}")
@@ -154,10 +161,11 @@ def fit_tiers(data: ScoredPairs, embedder: str, second_stage: bool, max_error: f
             tiers[lang], report[lang] = Tiers(OFF, OFF), {"pairs": int(mine.sum()), "reason": "no labelled pairs"}
             continue
         floor = float(np.quantile(positives, floor_quantile)) if second_stage else -1.0
-        score = np.where(cosine >= floor, data.score if second_stage else cosine, -math.inf)[mine]
+        score = np.where(cosine >= floor, decision_score(data.score, cosine) if second_stage else cosine,
+                         -math.inf)[mine]
         label, domain = data.label[mine], data.domain[mine]
         serve = certified(score, label, domain, max_error * SERVE_SHARE)
-        similar = min(certified(score, label, domain, max_error, upper=serve), serve)
+        similar = min(certified(score, label, domain, max_error), serve)
         tiers[lang] = Tiers(serve, similar, floor)
         hits = score >= similar
         report[lang] = {"pairs": int(mine.sum()), "positives": int(label.sum()), "served": int(hits.sum()),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from cachetools import LRUCache
 
-from .calibration import CALIBRATION_PATH, ScoredPairs, Tiers, TierTable, fit_tiers
+from .calibration import CALIBRATION_PATH, ScoredPairs, Tiers, TierTable, decision_score, fit_tiers
 from .embedders import Embedder
 from .index import VectorIndex
 
@@ -32,7 +32,7 @@ class SemanticMatch:
     similarity: float
     tier: str
     cached_text: str
-    score: float | None = None          # the second stage's logit (None: decided on cosine alone)
+    score: float | None = None          # the second stage's decision score (None: decided on cosine alone)
 
 
 @dataclass(slots=True)
@@ -159,7 +159,7 @@ class SemanticCache:
 
         The one place that decides, for stored entries (lookup) and for pending requests (single-flight) alike.
         With a second stage, the closest `rerank` candidates at cosine >= the language's floor are read together with
-        the question and the best certified score wins; without one, the closest candidate's cosine is the score.
+        the question and the best certified score (calibration.decision_score) wins; without one, the closest candidate's cosine is the score.
         """
         t = self.tiers.for_text(text)
         if t.off:
@@ -172,7 +172,7 @@ class SemanticCache:
             if self.scorer is None:
                 tier = t.tier(sim)
                 return SemanticMatch(cid, sim, tier, cached) if tier else None
-            score = self.scorer.score(cached, text)
+            score = decision_score(self.scorer.score(cached, text), sim)
             read += 1
             tier = t.tier(score)
             if tier is not None and (best is None or score > best.score):

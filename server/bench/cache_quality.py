@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from strata.cache.request.calibration import LANGUAGES, TierTable
+from strata.cache.request.calibration import LANGUAGES, TierTable, decision_score
 from strata.cache.request.config import RequestCacheConfig
 from strata.cache.request.semantic import SemanticCache, SemanticMatch
 from strata.server.bench.data_files import datasets_dir
@@ -146,7 +146,7 @@ def pairwise(cache: SemanticCache, pairs: list[Pair], seen: Seen | None = None) 
             rows.append((p, cache.decide(p.query, [(p.cached, cosine, p.cached)])))
             floor = cache.min_similarity(p.query) if memo is not None else -math.inf
             if memo is not None:
-                scores.append(memo.score(p.cached, p.query) if cosine >= floor else -math.inf)
+                scores.append(decision_score(memo.score(p.cached, p.query), cosine) if cosine >= floor else -math.inf)
             else:
                 scores.append(cosine)
     finally:

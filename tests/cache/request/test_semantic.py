@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from strata.cache.request.calibration import Tiers, TierTable
+from strata.cache.request.calibration import COSINE_WEIGHT, Tiers, TierTable
 from strata.cache.request.embedders import HashEmbedder, load_embedder
 from strata.cache.request.index import VectorIndex
 from strata.cache.request.semantic import SemanticCache, SemanticMatch
@@ -83,14 +83,15 @@ def test_lookup_tiers_and_partitions():
 
 def test_second_stage_reads_the_closest_candidates_above_the_floor_and_the_best_score_wins():
     scorer = FixedScorer({"turn on two factor auth": 2.5, "enable two factor auth": -1.0, "two factor": 9.0})
-    cache = SemanticCache(HashEmbedder(), Tiers(serve=3.0, similar=1.0, floor=0.3), scorer, top_k=5, rerank=2)
+    cache = SemanticCache(HashEmbedder(), Tiers(serve=4.0, similar=2.0, floor=0.3), scorer, top_k=5, rerank=2)
     cache.add("neg", "enable two factor auth", "p")
     cache.add("pos", "turn on two factor auth", "p")
     cache.add("far", "two factor", "p")
     hit = cache.lookup("enable two factor auth please", "p")
-    assert hit.entry_id == "pos" and hit.tier == "similar" and hit.score == 2.5
+    assert hit.entry_id == "pos" and hit.tier == "similar"
+    assert hit.score == pytest.approx(2.5 + COSINE_WEIGHT * hit.similarity)   # the logit, the cosine breaking ties
     assert len(scorer.read) == 2 and "two factor" not in scorer.read      # rerank=2: the third is never read
-    scorer.scores["turn on two factor auth"] = 3.5
+    scorer.scores["turn on two factor auth"] = 4.0
     assert cache.lookup("enable two factor auth please", "p").tier == "serve"
     scorer.scores.clear()
     assert cache.lookup("enable two factor auth please", "p") is None

@@ -98,10 +98,18 @@ def test_paraphrase_is_a_semantic_hit(server):
     assert out.choices[0].message.content.startswith(NOTE_START) == (layer == "semantic-similar")
 
 
+# Known misses at 0.05, kept strict so that a change that makes them hit is seen: the cross-encoder scores them
+# (logit + cosine 5.08 and 4.87) below the English threshold certified at 0.05 (5.088), where the reversal near-misses
+# below (kg/lb 5.02, 4.98) also sit: English has too few clean calibration pairs at the top (docs/semantic-quality.md).
+KNOWN_MISS = pytest.mark.xfail(strict=True, reason="scored below the English threshold certified at 0.05")
+
+
 @pytest.mark.parametrize("cached, paraphrase", [
     ("How do I boil an egg?", "What's the way to boil an egg?"),
-    ("What is the speed of light?", "How fast does light travel?"),
     ("How many days are in a leap year?", "How many days does a leap year have?"),
+    pytest.param("What is the speed of light?", "How fast does light travel?", marks=KNOWN_MISS),
+    pytest.param("What is the boiling point of water at sea level?",
+                 "At sea level, what temperature does water boil at?", marks=KNOWN_MISS),
 ])
 def test_english_paraphrases_hit(server, cached, paraphrase):
     assert ask(server, cached)[0] == "miss"

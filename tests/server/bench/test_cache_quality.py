@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from strata.cache.request.calibration import Tiers
+from strata.cache.request.calibration import COSINE_WEIGHT, Tiers
 from strata.cache.request.embedders import HashEmbedder
 from strata.cache.request.semantic import SemanticCache
 from strata.server.bench.cache_quality import Seen, pairwise
@@ -17,12 +17,15 @@ ROWS = [(3.0, True), (2.5, False), (2.2, True), (1.8, True), (1.5, False), (1.2,
 
 
 class ScoreByIndex:
+    """The logit that makes the decision score (logit + COSINE_WEIGHT * cosine) the row's score."""
+
     def __init__(self):
         self.calls = 0
 
     def score(self, cached, query):
         self.calls += 1
-        return ROWS[int(cached.split()[-1])][0]
+        a, b = HashEmbedder().encode([cached, query])
+        return ROWS[int(cached.split()[-1])][0] - COSINE_WEIGHT * float(np.dot(a, b))
 
 
 WORDS = "how do I move my old photos from one phone to another one safely".split()
