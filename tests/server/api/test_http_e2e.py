@@ -145,11 +145,11 @@ def test_tenants_do_not_share_answers(server):
 
 
 def test_invalidate_by_tag_then_miss(server):
-    question = "What is the boiling point of water at sea level?"
-    ask(server, question, extra_body={"cache_tags": ["physics"]})
+    question = "How tall is Mount Everest?"
+    ask(server, question, extra_body={"cache_tags": ["geography"]})
     server.settle()
     assert ask(server, question)[0] == "exact"
-    assert admin(server, "/admin/cache/invalidate", json={"tag": "physics"}).json() == {"deleted": 1}
+    assert admin(server, "/admin/cache/invalidate", json={"tag": "geography"}).json() == {"deleted": 1}
     assert ask(server, question)[0] == "miss"
 
 
