@@ -50,3 +50,15 @@ def test_bad_blocks_are_refused_clearly():
         CompactLinear.from_blocks(blocks, Q.Q4_K, 64)
     with pytest.raises(ValueError, match="divisible by 32"):
         CompactLinear.from_linear(nn.Linear(40, 8), "int8")
+
+
+@pytest.mark.parametrize("out_features", [4, 130, 577])
+def test_f16_rows_widened_in_registers_match_the_reference_at_every_batch_size(out_features):
+    """The fp16 kernel's tiles per batch size (1, 2, 3, 4 rows, then 4 at a time) and a last partial weight tile."""
+    torch.manual_seed(out_features)
+    linear = nn.Linear(576, out_features, bias=False).requires_grad_(False)
+    layer = CompactLinear.from_linear(linear, "f16")
+    reference = layer.unpacked_weight().double()
+    for rows in (1, 2, 3, 4, 5, 7, 8, 17, weight_linear.KERNEL_MAX_ROWS):
+        x = torch.randn(rows, 576)
+        torch.testing.assert_close(layer(x).double(), x.double() @ reference.T, rtol=1e-5, atol=1e-5)
