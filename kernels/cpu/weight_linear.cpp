@@ -10,6 +10,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -92,20 +93,39 @@ inline void fold_tile(const float* rows, const float* x, int64_t K, float* out, 
 }
 #endif
 
-// fp16 weights: each weight vector is widened in a register and used at once, never stored. The store and reload of a
-// widened row cost more than widening again for every 4 activation rows (measured up to 32 rows, the kernel's limit:
-// 1.5-2x faster than widen_row + fold_tile at 1-32 rows). Same products in the same order, so the same bits.
+// fp16 and Q8_0 weights widened in registers: each 8-value vector of a weight row is widened and used at once, never
+// stored. The store and reload of a widened row (widen_row + fold_tile) cost more than widening again for every 4
+// activation rows (linear time per SmolLM2 step, 2 threads: fp16 1.5-2x less at 1-32 rows; Q8_0 18.1 -> 16.4 ms at 1
+// row, 28.4 -> 18.8 at 4, equal at 16; Q4 codes unpack slower than they store: 21 -> 25 ms at 1 row, so they keep
+// the buffer). Each vector takes the same operations as widen_row (a product, never fused), so the same bits.
 #if defined(__AVX2__) && defined(__F16C__)
+struct F16Rows {
+  const uint16_t* w;
+  int64_t K;
+  __m256 operator()(int64_t n, int64_t k) const {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + n * K + k)));
+  }
+};
+
+struct Q8Rows {
+  const int8_t* w;
+  const float* scales;
+  int64_t K;
+  __m256 operator()(int64_t n, int64_t k) const {
+    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + n * K + k))));
+    return _mm256_mul_ps(q, _mm256_set1_ps(scales[n * (K / kGroup) + k / kGroup]));
+  }
+};
+
 // MR activation rows x NR weight rows (from row n0) in MR * NR accumulators.
-template <int64_t MR, int64_t NR>
-inline void fold_f16_direct(const uint16_t* w, const float* x, int64_t K, float* out, int64_t N, int64_t n0) {
+template <int64_t MR, int64_t NR, typename Rows>
+inline void fold_direct(const Rows& rows, const float* x, int64_t K, float* out, int64_t N, int64_t n0) {
   __m256 a[MR][NR];
   for (int64_t i = 0; i < MR; ++i)
     for (int64_t r = 0; r < NR; ++r) a[i][r] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 8) {
     __m256 wv[NR];
-    for (int64_t r = 0; r < NR; ++r)
-      wv[r] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + (n0 + r) * K + k)));
+    for (int64_t r = 0; r < NR; ++r) wv[r] = rows(n0 + r, k);
     for (int64_t i = 0; i < MR; ++i) {
       const __m256 xv = _mm256_loadu_ps(x + i * K + k);
       for (int64_t r = 0; r < NR; ++r) a[i][r] = _mm256_fmadd_ps(wv[r], xv, a[i][r]);
@@ -115,15 +135,19 @@ inline void fold_f16_direct(const uint16_t* w, const float* x, int64_t K, float*
     for (int64_t r = 0; r < NR; ++r) out[i * N + n0 + r] = hsum(a[i][r]);
 }
 
-// A tile of kRows fp16 weight rows against M <= kDirectMaxRows activation rows.
+// A tile of kRows weight rows against every activation row, 4 activation rows at a time.
 constexpr int64_t kDirectMaxRows = 4;
-inline void fold_f16_tile(const uint16_t* w, const float* x, int64_t M, int64_t K, float* out, int64_t N,
-                          int64_t n0) {
-  switch (M) {
-    case 1: fold_f16_direct<1, 4>(w, x, K, out, N, n0); break;
-    case 2: fold_f16_direct<2, 4>(w, x, K, out, N, n0); break;
-    case 3: fold_f16_direct<3, 2>(w, x, K, out, N, n0); fold_f16_direct<3, 2>(w, x, K, out, N, n0 + 2); break;
-    default: fold_f16_direct<4, 2>(w, x, K, out, N, n0); fold_f16_direct<4, 2>(w, x, K, out, N, n0 + 2); break;
+template <typename Rows>
+void fold_direct_tile(const Rows& rows, const float* x, int64_t M, int64_t K, float* out, int64_t N, int64_t n0) {
+  for (int64_t m = 0; m < M; m += kDirectMaxRows) {
+    const float* xm = x + m * K;
+    float* om = out + m * N;
+    switch (std::min(kDirectMaxRows, M - m)) {
+      case 1: fold_direct<1, 4>(rows, xm, K, om, N, n0); break;
+      case 2: fold_direct<2, 4>(rows, xm, K, om, N, n0); break;
+      case 3: fold_direct<3, 2>(rows, xm, K, om, N, n0); fold_direct<3, 2>(rows, xm, K, om, N, n0 + 2); break;
+      default: fold_direct<4, 2>(rows, xm, K, om, N, n0); fold_direct<4, 2>(rows, xm, K, om, N, n0 + 2); break;
+    }
   }
 }
 #endif
@@ -192,10 +216,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kRows, nr = std::min(kRows, N - n0);
 #if defined(__AVX2__) && defined(__F16C__)
-      if (format == kF16 && nr == kRows && K % 8 == 0) {     // M > kDirectMaxRows: weights widened once per 4 rows
-        for (int64_t m = 0; m < M; m += kDirectMaxRows)
-          fold_f16_tile(static_cast<const uint16_t*>(w), xp + m * K, std::min(kDirectMaxRows, M - m), K, op + m * N,
-                        N, n0);
+      if (nr == kRows && K % 8 == 0 && format != kQ4) {   // 4-bit codes cost more to unpack again than to store
+        if (format == kF16) fold_direct_tile(F16Rows{static_cast<const uint16_t*>(w), K}, xp, M, K, op, N, n0);
+        else fold_direct_tile(Q8Rows{static_cast<const int8_t*>(w), s, K}, xp, M, K, op, N, n0);
         continue;
       }
 #endif

@@ -22,7 +22,7 @@ def test_gguf_blocks_widen_exactly_and_multiply_like_the_reference(block_type, o
     layer = CompactLinear.from_blocks(blocks, block_type, in_features, bias)
     reference = torch.from_numpy(quants.dequantize(blocks, block_type).copy())
     assert torch.equal(layer.unpacked_weight(), reference)       # same rounding as gguf-py, bit for bit
-    for rows in (1, 3, 4, 5, weight_linear.KERNEL_MAX_ROWS + 7):
+    for rows in (1, 2, 3, 4, 5, 8, 17, weight_linear.KERNEL_MAX_ROWS + 7):
         x = torch.randn(rows, in_features)
         torch.testing.assert_close(layer(x), nn.functional.linear(x, reference, bias), rtol=1e-5, atol=1e-5)
 
