@@ -1,0 +1,59 @@
+"""Time of every linear layer of one SmolLM2-135M decode step on the CPU weight kernel, per weight format and batch.
+
+    .venv/bin/python benchmarks/linear_kernel.py [--threads 2] [--formats f16 int8 int4] [--batches 1 4 16 32]
+
+Prints JSON: milliseconds per step (30 layers' q/k/v, o, gate/up and down projections, plus the lm_head) and the
+effective weight bytes per second. The weights stay in cache between calls for all but the lm_head, so this
+measures the kernel, not the memory: inside the engine the weights stream from DRAM (see docs/benchmarks.md).
+"""
+
+import argparse
+import json
+import time
+
+import torch
+from torch import nn
+
+from strata.models.compact_linear import CompactLinear
+
+# (out_features, in_features, how many per step) for SmolLM2-135M
+SHAPES = {"qkv": (960, 576, 30), "o": (576, 576, 30), "gate_up": (3072, 576, 30), "down": (576, 1536, 30),
+          "lm_head": (49152, 576, 1)}
+
+
+def step_ms(layers: dict[str, CompactLinear], batch: int) -> float:
+    total = 0.0
+    for name, (_, k, per_step) in SHAPES.items():
+        x, layer = torch.randn(batch, k), layers[name]
+        calls = 10 if name == "lm_head" else 100
+        for _ in range(3):
+            layer(x)
+        start = time.perf_counter()
+        for _ in range(calls):
+            layer(x)
+        total += (time.perf_counter() - start) / calls * per_step
+    return total * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--formats", nargs="+", default=["f16", "int8", "int4"])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 32])
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    results = []
+    with torch.no_grad():
+        for fmt in args.formats:
+            layers = {name: CompactLinear.from_linear(nn.Linear(k, n, bias=False).requires_grad_(False), fmt)
+                      for name, (n, k, _) in SHAPES.items()}
+            weight_bytes = sum(layers[name].weight.nbytes * per_step for name, (_, _, per_step) in SHAPES.items())
+            for batch in args.batches:
+                ms = step_ms(layers, batch)
+                results.append({"format": fmt, "batch": batch, "linear_ms_per_step": round(ms, 2),
+                                "weight_gb_s": round(weight_bytes / ms / 1e6, 1)})
+    print(json.dumps({"threads": args.threads, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
