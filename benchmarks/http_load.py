@@ -21,11 +21,8 @@ import os
 import platform
 import random
 import shlex
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -33,9 +30,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
-import httpx
 import psutil
 import uvloop
+from launch import free_port, running
 
 COUNTRIES = ["France", "Germany", "Italy", "Spain", "Japan", "Canada", "Brazil", "Egypt", "Kenya", "Norway",
              "Peru", "Chile", "India", "China", "Mexico", "Greece", "Turkey", "Poland", "Sweden", "Ireland"]
@@ -107,36 +104,15 @@ async def drive(url: str, plan: list[tuple[str, str]], clients: int, max_tokens:
 def strata_serve(args: argparse.Namespace) -> Iterator[tuple[str, psutil.Process]]:
     """`strata serve` on a free loopback port (request cache in args.cache_db: "none" = memory); yields the base URL
     and the server process once healthy."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "strata.server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--cache-db", args.cache_db, "--cache-embedder", args.embedder, "--kv-cache-memory", "256MiB"]
     if args.num_threads:
         cmd += ["--num-threads", str(args.num_threads)]
     cmd += shlex.split(args.serve_args)
-    log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"strata serve exited: {log.read()[-3000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("strata serve did not become healthy in 300 s")
-            time.sleep(0.5)
+    with running(cmd, url, timeout=300) as proc:
         yield url, psutil.Process(proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
 
 
 def cpu_seconds(server: psutil.Process) -> dict[str, float]:

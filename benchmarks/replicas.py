@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import httpx
+from launch import wait_healthy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the tests' redis-server launcher
 from helpers.redis_server import RedisServer, free_port  # noqa: E402
@@ -147,19 +148,6 @@ def serve(url: str, port: int, extra: str) -> subprocess.Popen:
            "--admin-token", ADMIN,
            *shlex.split(extra)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def wait_healthy(base: str, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{base} did not become healthy")
-        time.sleep(0.5)
 
 
 def metric(base: str, name: str) -> float:

@@ -16,51 +16,14 @@ import asyncio
 import json
 import os
 import shlex
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
-import httpx
+from launch import free_port, running
 
 PROMPTS = json.loads((Path(__file__).parents[1] / "server/bench/data/int8_prompts.json").read_text())["raw"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def server(cmd: list[str], url: str, health: str) -> Iterator[None]:
-    """Run cmd until it answers `health` with 200; stop it afterwards (its log tail in the error if it dies)."""
-    log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"{cmd[0]} exited: {log.read()[-3000:]}")
-            try:
-                if httpx.get(url + health, timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{cmd[0]} did not become healthy in 600 s")
-            time.sleep(0.5)
-        yield
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
 
 
 async def run_load(url: str, model: str, clients: int, requests: int, max_tokens: int) -> tuple[dict, list[str]]:
@@ -130,7 +93,7 @@ def main() -> None:
              "-np", "16", "-c", str(16 * 1024), "--cache-reuse", "0", "--no-webui"]
     for name, cmd, health in (("strata", strata, "/health"), ("llama.cpp", llama, "/health")):
         url = f"http://127.0.0.1:{port}"
-        with server(cmd, url, health):
+        with running(cmd, url, health):
             asyncio.run(run_load(url, model, 1, 1, 4))                  # warm-up
             runs[name] = {c: asyncio.run(run_load(url, model, c, c * args.requests_per_client, args.max_tokens))
                           for c in args.clients}
