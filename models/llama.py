@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from strata.kernels import AttentionBackend, AttentionMetadata, LayerKV
-from strata.kernels.layer_ops import TORCH_OPS, LayerOps
+from strata.kernels.layer_ops import LayerOps
 from strata.models.config import ModelConfig
 from strata.models.rope import RotaryEmbedding
 
@@ -17,7 +17,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, ops: LayerOps = TORCH_OPS) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: LayerOps) -> torch.Tensor:
         return ops.rms_norm(x, self.weight, self.eps)
 
     def add(self, x: torch.Tensor, residual: torch.Tensor, ops: LayerOps) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,7 +84,10 @@ class DecoderLayer(nn.Module):
         """x: the previous layer's MLP output, added to the running residual here (the first layer: the embeddings,
         residual None); returns this layer's MLP output and the residual before it."""
         ops = backend.ops
-        h, residual = (self.input_layernorm(x, ops), x) if residual is None else self.input_layernorm.add(x, residual, ops)
+        if residual is None:
+            h, residual = self.input_layernorm(x, ops), x
+        else:
+            h, residual = self.input_layernorm.add(x, residual, ops)
         h, residual = self.post_attention_layernorm.add(self.self_attn(rope, h, kv, meta, backend), residual, ops)
         return self.mlp(h, ops), residual
 

@@ -3,9 +3,9 @@ Clopper-Pearson bound of the false-hit rate among the answers served is at most 
 
 A threshold is certified on scored calibration pairs (data/semantic_calibration.npz, or a user's file from
 `strata calibrate`). Per language and tier: the plain "serve" tier must hold the bound D/4 (an answer given as if it
-were the question's own), the "similar" tier the bound D over every answer served from its threshold up, both tiers (it is for right answers
-worded for another question, not a second chance for doubtful ones; and a smaller D never serves more). With several domains in the data (the shipped file has eight
-public sets), the bound is taken over the pooled pairs and, in addition, each domain's own false-hit share must stay
+were the question's own), the "similar" tier the bound D over every answer served from its threshold up, both tiers
+(it is for right answers worded for another question, not a second chance for doubtful ones; and a smaller D never
+serves more). With several domains in the data (the shipped file has eight public sets), the bound is taken over the pooled pairs and, in addition, each domain's own false-hit share must stay
 within it ("hybrid"): a threshold that holds on average while one kind of traffic fails is not certified. Where no
 threshold meets the bound, that language is not served semantically at all.
 """
@@ -141,8 +141,9 @@ def fit_tiers(data: ScoredPairs, embedder: str, second_stage: bool, max_error: f
               floor_quantile: float = 0.02) -> tuple[TierTable, dict]:
     """Tiers per language for this embedder and bound, and a report of what was certified on how many pairs.
 
-    With the second stage the score is decision_score (its logit and the cosine), asked only at cosine >= floor (the cosine that all but
-    floor_quantile of the language's positive pairs reach); without it the score is the cosine itself."""
+    With the second stage the score is decision_score (its logit and the cosine), asked only at cosine >= floor (the
+    cosine that all but floor_quantile of the language's positive pairs reach); without it the score is the cosine
+    itself."""
     if not 0 < max_error < 1:
         raise ValueError(f"max_error must be in (0, 1), got {max_error}")
     if embedder not in data.cosine:

@@ -159,7 +159,8 @@ class SemanticCache:
 
         The one place that decides, for stored entries (lookup) and for pending requests (single-flight) alike.
         With a second stage, the closest `rerank` candidates at cosine >= the language's floor are read together with
-        the question and the best certified score (calibration.decision_score) wins; without one, the closest candidate's cosine is the score.
+        the question and the best certified score (calibration.decision_score) wins; without one, the closest
+        candidate's cosine is the score.
         """
         t = self.tiers.for_text(text)
         if t.off:

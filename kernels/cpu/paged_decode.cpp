@@ -166,9 +166,9 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   return out;
 }
 
-// The module binds every kernel of this folder (weight_linear.cpp's and pointwise.cpp's too): one build, its sources compiled in
-// parallel, instead of one build per kernel (each spends most of its time in torch's headers; a third source just
-// for the bindings would add a third such compile).
+// The module binds every kernel of this folder (weight_linear.cpp's and pointwise.cpp's too): one build, its sources
+// compiled in parallel, instead of one build per kernel (each spends most of its time in torch's headers; one more
+// source just for the bindings would add one more such compile).
 torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales, torch::Tensor mins,
                      int64_t format, int64_t K);
 torch::Tensor dequantize(torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, int64_t format, int64_t K);

@@ -112,7 +112,8 @@ struct Q8Rows {
   const float* scales;
   int64_t K;
   __m256 operator()(int64_t n, int64_t k) const {
-    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + n * K + k))));
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + n * K + k));
+    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
     return _mm256_mul_ps(q, _mm256_set1_ps(scales[n * (K / kGroup) + k / kGroup]));
   }
 };

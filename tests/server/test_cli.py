@@ -70,6 +70,8 @@ def test_invalid_values_are_clear_errors(served):
     assert result.exit_code == 2 and "block_size must be one of" in result.output
     result, _ = serve(served, "--max-model-len", "lots")
     assert result.exit_code == 2 and "--max-model-len" in result.output
+    result, _ = serve(served, "--speculative-policy", "sometimes")
+    assert result.exit_code == 2 and "speculative_policy must be one of cost, always" in result.output
 
 
 def test_config_file_fills_the_same_fields_and_flags_override_it(served, tmp_path):

@@ -7,26 +7,24 @@ allows and never longer than the tokens it may still produce; the scheduler keep
 
 from collections.abc import Iterable
 
-from strata.server.engine.config import SPECULATIVE_POLICIES
 from strata.server.engine.sequence import Sequence
 from strata.server.engine.spec.cost import StepCost
 from strata.server.engine.spec.ngram import continuation
-from strata.server.engine.spec.state import DraftStats
+from strata.server.engine.spec.state import Acceptance, DraftStats
 
 PRIOR_TRIES = 2         # a request's own acceptance outweighs its source's after this many verified tokens
 
 
 class DraftProposer:
     def __init__(self, sources: tuple[str, ...], num_tokens: int, max_model_len: int, policy: str = "cost"):
-        if policy not in SPECULATIVE_POLICIES:
-            raise ValueError(f"speculative policy must be one of {', '.join(SPECULATIVE_POLICIES)}, got {policy!r}")
+        """policy: EngineConfig.speculative_policy (validated there), "cost" or "always"."""
         self.sources = sources
         self.num_tokens = num_tokens
         self.max_model_len = max_model_len
         self.policy = policy
         self.cost = StepCost()
         self.totals = {source: DraftStats() for source in sources}
-        self.accepted = {source: [0, 0] for source in sources}     # source -> [hits, tries], as in DraftState
+        self.accepted = {source: Acceptance() for source in sources}
 
     def propose(self, seqs: Iterable[Sequence]) -> None:
         """Set the draft of each sequence that will be sampled next: decode-ready ones, and ones without output
@@ -78,16 +76,14 @@ class DraftProposer:
     def acceptance(self, seq: Sequence) -> float:
         """Chance that the next draft token of this sequence is accepted: its own record, starting from its source's
         (which starts at 1, so that every source is tried)."""
-        hits, tries = self.accepted[seq.draft_source]
-        prior = (hits + 1) / (tries + 1)
-        return (seq.spec.hits + PRIOR_TRIES * prior) / (seq.spec.tries + PRIOR_TRIES)
+        source, own = self.accepted[seq.draft_source], seq.spec.acceptance
+        prior = (source.hits + 1) / (source.tries + 1)
+        return (own.hits + PRIOR_TRIES * prior) / (own.tries + PRIOR_TRIES)
 
     def record(self, seq: Sequence, proposed: int, accepted: int, saved: int) -> None:
         """One verified draft: adapt the sequence's next draft length and count it for it and its source."""
         seq.spec.update(proposed, accepted, self.num_tokens)
-        counts = self.accepted[seq.draft_source]
-        counts[0] += accepted
-        counts[1] += accepted + (accepted < proposed)
+        self.accepted[seq.draft_source].add(proposed, accepted)
         one = DraftStats(1, proposed, accepted, saved)
         seq.spec.count(seq.draft_source, one)
         self.totals[seq.draft_source].add(one)

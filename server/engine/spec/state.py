@@ -26,6 +26,19 @@ class DraftStats:
 
 
 @dataclass(slots=True)
+class Acceptance:
+    """Draft tokens that met the model, for one request or one source: the accepted ones, and the first rejected
+    token of each draft cut short. hits / tries estimates the chance that the next draft token is accepted."""
+
+    hits: int = 0
+    tries: int = 0
+
+    def add(self, proposed: int, accepted: int) -> None:
+        self.hits += accepted
+        self.tries += accepted + (accepted < proposed)
+
+
+@dataclass(slots=True)
 class DraftState:
     """Adaptive length: a verified step costs more than a plain one, so drafts that keep failing are made shorter,
     then paused for a number of steps that doubles with each miss; any accepted token resets the pause."""
@@ -33,8 +46,7 @@ class DraftState:
     length: int = 0             # the next draft's most tokens; 0 = not set yet (the engine's maximum)
     misses: int = 0             # drafts in a row of which nothing was accepted
     pause: int = 0              # decode steps to run without a draft
-    hits: int = 0               # draft tokens accepted, and
-    tries: int = 0              # draft tokens that met the model: accepted ones plus the first rejected of each draft
+    acceptance: Acceptance = field(default_factory=Acceptance)
     by_source: dict[str, DraftStats] = field(default_factory=dict)
 
     def count(self, source: str, one: DraftStats) -> None:
@@ -52,8 +64,7 @@ class DraftState:
         return min(self.length or maximum, maximum)
 
     def update(self, proposed: int, accepted: int, maximum: int) -> None:
-        self.hits += accepted
-        self.tries += accepted + (accepted < proposed)
+        self.acceptance.add(proposed, accepted)
         if accepted == 0:
             self.misses += 1
             self.length = max(1, (self.length or maximum) // 2)
