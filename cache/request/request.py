@@ -26,6 +26,7 @@ class CacheRequest:
     no_store: bool = False            # Cache-Control: no-store -> neither look up nor write
     client_id: str | None = None      # for the penetration guard
     draft_answers: int = 0            # on a miss, the answers of up to this many closest candidates not served (drafts)
+    origin: str | None = None         # the client request it is part of (several prompts): none waits on another's flight
 
     def __post_init__(self) -> None:
         _check_name("tenant", self.tenant)
@@ -45,6 +46,8 @@ class CacheRequest:
             raise ValueError("client_id must be a str or None")
         if not isinstance(self.draft_answers, int) or self.draft_answers < 0:
             raise ValueError("draft_answers must be an integer >= 0")
+        if self.origin is not None and not isinstance(self.origin, str):
+            raise ValueError("origin must be a str or None")
 
 
 @dataclass(slots=True, frozen=True)

@@ -183,7 +183,10 @@ class RequestCache:
             if error is not None:
                 self._stats.count("negative.hit")
                 return Lookup("negative", "recent-failure", error=error, key=key, decision=decision)
-            flight, leader = self.flights.join(key)
+            flight, leader = self.flights.join(key, req.origin)
+            if flight is None:              # asked twice in one request: computed twice, written once (the first)
+                self._stats.count("bypass.repeat-in-request")
+                return Lookup("bypass", "repeat-in-request", key=key, decision=decision)
             if not leader:
                 outcome = await self._follow(flight, req, key, decision, None)
                 if outcome is not None:

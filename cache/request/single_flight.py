@@ -24,6 +24,7 @@ class Flight:
     layer: str = "miss"         # how the leader got its answer (a cache layer, or "miss": computed)
     similarity: float = 1.0     # the leader's hit similarity (1.0 when it computed), passed on to its followers
     meta: AnswerMeta | None = None  # the answer's finish reason and token count, passed on with it
+    origin: str | None = None   # the client request that leads it: its other questions never wait on it
 
 
 class SingleFlight:
@@ -32,14 +33,18 @@ class SingleFlight:
     def __init__(self) -> None:
         self.flights: dict[str, Flight] = {}
 
-    def join(self, key: RequestKey) -> tuple[Flight, bool]:
-        """The flight for key and whether the caller leads it (True: compute, then finish; False: await it)."""
+    def join(self, key: RequestKey, origin: str | None = None) -> tuple[Flight | None, bool]:
+        """The flight for key and whether the caller leads it (True: compute, then finish; False: await it).
+        (None, False) when the flight is led by the caller's own request (origin): a request's answers are computed
+        together, after all its lookups, so waiting on it would wait on itself."""
         loop = asyncio.get_running_loop()
         flight = self.flights.get(key.flight)
         if flight is not None and flight.future.get_loop() is loop:
+            if origin is not None and flight.origin == origin:
+                return None, False
             flight.followers += 1
             return flight, False
-        flight = self.flights[key.flight] = Flight(key, loop.create_future())
+        flight = self.flights[key.flight] = Flight(key, loop.create_future(), origin=origin)
         return flight, True
 
     def pending(self, flight: Flight, min_similarity: float) -> list[tuple[Flight, float]]:
@@ -48,6 +53,8 @@ class SingleFlight:
         found = []
         for other in self.flights.values():
             if other is flight or other.following or other.embedding is None or other.key.partition != flight.key.partition:
+                continue
+            if flight.origin is not None and other.origin == flight.origin:     # the same request: it would wait on itself
                 continue
             similarity = float(np.dot(other.embedding, flight.embedding))
             if similarity >= min_similarity:

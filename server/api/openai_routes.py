@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from contextlib import aclosing
 
 from fastapi import APIRouter, Request
@@ -99,11 +100,13 @@ async def _answers(completer: Completer, req: ChatCompletionRequest | Completion
         raise APIError(400, f"at most {MAX_CHOICES} choices per request (prompts x n), got {len(prompts) * req.n}",
                        param="n", code="invalid_value")
     answers: list[Answer] = []
+    origin = uuid.uuid4().hex if len(prompts) > 1 else None     # its prompts must not wait on each other's flights
     try:
         for prompt in prompts:
             leader = None
             for sample in range(req.n):
-                answer = await completer.answer(req, tenant, cache_control, client, started, prompt, leader, sample)
+                answer = await completer.answer(req, tenant, cache_control, client, started, prompt, leader, sample,
+                                                origin)
                 answers.append(answer)
                 leader = leader or answer
     except BaseException:

@@ -103,11 +103,12 @@ class Completer:
 
     async def answer(self, req: ChatCompletionRequest | CompletionRequest, tenant: str, cache_control: str,
                      client_id: str | None, started: float, prompt: str | list[int] | None = None,
-                     leader: Answer | None = None, sample: int = 0) -> Answer:
+                     leader: Answer | None = None, sample: int = 0, origin: str | None = None) -> Answer:
         """started: when the request arrived (perf_counter), so latency and TTFT include parsing and lookup.
         prompt: the completions prompt this answer is for (text or token ids; a request may carry several).
         sample, leader: with n > 1, this answer is sample `sample` of its prompt; it starts once the prompt's first
-        sample (the leader) has been prefilled, so that it reuses the prompt's KV blocks from the prefix cache."""
+        sample (the leader) has been prefilled, so that it reuses the prompt's KV blocks from the prefix cache.
+        origin: the request's id when it carries several prompts, so that none waits on another's computation."""
         chat = isinstance(req, ChatCompletionRequest)
         self.check_model(req.model)
         prompt_param = "messages" if chat else "prompt"
@@ -132,7 +133,7 @@ class Completer:
         # n > 1 asks for samples that differ; the cache holds one answer per question
         bypass = "echo" if echo else "logprobs" if params.logprobs is not None else "n>1" if req.n > 1 \
             else "token-ids" if messages is None else None
-        lookup = None if bypass else await self._lookup(req, tenant, messages, cache_control, client_id, chat)
+        lookup = None if bypass else await self._lookup(req, tenant, messages, cache_control, client_id, chat, origin)
         if lookup is not None and lookup.hit is not None:
             return await self._replay(req, lookup, len(ids), started)
         if lookup is not None and lookup.error is not None:
@@ -233,7 +234,7 @@ class Completer:
             raise bad_param(exc) from None
 
     async def _lookup(self, req, tenant: str, messages: list[dict], cache_control: str, client_id: str | None,
-                      chat: bool) -> Lookup | None:
+                      chat: bool, origin: str | None) -> Lookup | None:
         if self.cache is None:
             return None
         directives = {d.strip().lower() for d in cache_control.split(",")}
@@ -242,7 +243,8 @@ class Completer:
         try:
             creq = CacheRequest(tenant, self.model_key, messages, sampling, mode=req.cache,
                                 no_cache="no-cache" in directives, no_store="no-store" in directives,
-                                client_id=client_id, draft_answers=self.cache_drafts)
+                                client_id=client_id, draft_answers=self.cache_drafts,
+                                origin=origin)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
         return await self.cache.lookup(creq)

@@ -596,6 +596,29 @@ def test_a_released_miss_lets_its_followers_compute_at_once():
     cache.close()
 
 
+@pytest.mark.parametrize("second", ["Explain quicksort algorithm please", "please explain quicksort algorithm"])
+def test_a_request_never_waits_on_its_own_flights(second):
+    """One request's questions (a completions prompt list) are all looked up before any is computed: a repeat or a
+    neighbour of an earlier one computes itself (and is not written twice) instead of waiting on its own request,
+    while another request still waits on the flight as before."""
+    cache = make(semantic=FakeSemantic(), follow_timeout_s=60)
+
+    async def go():
+        first = await cache.lookup(chat("Explain quicksort algorithm please", origin="r1"))
+        again = await asyncio.wait_for(cache.lookup(chat(second, origin="r1")), 1.0)
+        other = asyncio.create_task(cache.lookup(chat("Explain quicksort algorithm please", origin="r2")))
+        await asyncio.sleep(0.05)
+        assert not other.done()                     # another request follows the pending flight
+        first.complete("Quicksort picks a pivot and partitions.")
+        return first, again, await asyncio.wait_for(other, 1.0)
+
+    first, again, other = run(go())
+    assert first.layer == "miss" and again.layer in ("bypass", "miss")
+    assert again.reason != "single-flight" and not (again.layer == "bypass" and again.write)
+    assert (other.layer, other.hit.text) == ("shared", "Quicksort picks a pivot and partitions.")
+    cache.close()
+
+
 def test_hit_counts_are_never_lost_between_the_event_loop_and_the_writer(tmp_path):
     """_touch (event loop) and _persist_hits (writer thread) share the pending-hits map under one lock. The map here
     inserts slowly, so that without the lock the writer swaps it out mid-insert and that hit is never persisted."""

@@ -57,6 +57,19 @@ def test_several_prompts_stream_each_choice_by_index(server, alone):
     assert usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
 
 
+def test_a_prompt_repeated_in_one_request_is_answered_at_once_and_cached_once(server):
+    """The second copy once waited for the first's single-flight, which could only start after both were looked up:
+    the request hung until the follow timeout, and every later request for that question with it."""
+    prompt = "Twice in one request: name a colour."
+    raw = complete(server, [prompt, prompt], timeout=30)
+    out = raw.parse()
+    assert out.choices[0].text == out.choices[1].text                  # greedy: the same answer, computed twice
+    assert raw.headers["x-strata-cache"] == "miss, bypass" and out.strata[1]["reason"] == "repeat-in-request"
+    server.settle()
+    again = complete(server, prompt, timeout=30)
+    assert again.headers["x-strata-cache"] == "exact" and again.parse().choices[0].text == out.choices[0].text
+
+
 def test_logprobs_come_per_choice(server):
     out = complete(server, PROMPTS, logprobs=1).parse()
     assert all("".join(c.logprobs.tokens) == c.text and len(c.logprobs.tokens) == 5 for c in out.choices)
