@@ -17,7 +17,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from strata.server.bench.kv import cpu_name, machine_note
+from strata.server.bench.kv import cpu_isa, cpu_name, machine_note
 from strata.server.engine.config import EngineConfig
 from strata.server.engine.llm_engine import LLMEngine
 from strata.server.engine.sampling_params import SamplingParams
@@ -33,13 +33,6 @@ def decode_engine(args: argparse.Namespace, weights: str, batch: int) -> LLMEngi
     while any(s.num_uncomputed_tokens > 1 for s in engine.scheduler.running + list(engine.scheduler.waiting)):
         engine.step()
     return engine
-
-
-def cpu_isa() -> list[str]:
-    """The vector-ISA flags of /proc/cpuinfo: what the kernels and --dtype auto had to work with."""
-    with open("/proc/cpuinfo") as f:
-        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    return [flag for flag in flags if flag.startswith(("avx", "fma", "f16c", "amx"))]
 
 
 def top_ops(prof, n: int) -> list[dict]:

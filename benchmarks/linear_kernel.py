@@ -1,10 +1,12 @@
 """Time of every linear layer of one SmolLM2-135M decode step on the CPU weight kernel, per weight format and batch.
 
-    .venv/bin/python benchmarks/linear_kernel.py [--threads 2] [--formats f16 int8 int4] [--batches 1 4 16 32]
+    .venv/bin/python benchmarks/linear_kernel.py [--threads 2] [--formats f16 int8 int4] [--batches 1 4 16 32] \
+        [--weights streamed|cached]
 
 Prints JSON: milliseconds per step (30 layers' q/k/v, o, gate/up and down projections, plus the lm_head) and the
-effective weight bytes per second. The weights stay in cache between calls for all but the lm_head, so this
-measures the kernel, not the memory: inside the engine the weights stream from DRAM (see docs/benchmarks.md).
+effective weight bytes per second. `streamed` (the default) gives each of the 121 layers its own weights, so they
+come from DRAM as in the engine; `cached` reuses one layer per shape, which stays in cache and measures the kernel's
+arithmetic alone.
 """
 
 import argparse
@@ -15,16 +17,31 @@ import torch
 from torch import nn
 
 from strata.models.compact_linear import CompactLinear
+from strata.server.bench.kv import cpu_isa, cpu_name
 
 # (out_features, in_features, how many per step) for SmolLM2-135M
 SHAPES = {"qkv": (960, 576, 30), "o": (576, 576, 30), "gate_up": (3072, 576, 30), "down": (576, 1536, 30),
           "lm_head": (49152, 576, 1)}
 
 
-def step_ms(layers: dict[str, CompactLinear], batch: int) -> float:
+def streamed_step_ms(layers: dict[str, list[CompactLinear]], batch: int, repeats: int = 7) -> float:
+    """Median time of one pass over every layer of a step, each with its own weights."""
+    xs = {k: torch.randn(batch, k) for _, k, _ in SHAPES.values()}
+    order = [(layers[name][i], xs[k]) for i in range(30) for name, (_, k, _) in SHAPES.items() if name != "lm_head"]
+    order.append((layers["lm_head"][0], xs[SHAPES["lm_head"][1]]))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for layer, x in order:
+            layer(x)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[repeats // 2] * 1e3
+
+
+def cached_step_ms(layers: dict[str, list[CompactLinear]], batch: int) -> float:
     total = 0.0
     for name, (_, k, per_step) in SHAPES.items():
-        x, layer = torch.randn(batch, k), layers[name]
+        x, layer = torch.randn(batch, k), layers[name][0]
         calls = 10 if name == "lm_head" else 100
         for _ in range(3):
             layer(x)
@@ -40,19 +57,23 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--formats", nargs="+", default=["f16", "int8", "int4"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 32])
+    ap.add_argument("--weights", choices=["streamed", "cached"], default="streamed")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     results = []
     with torch.no_grad():
         for fmt in args.formats:
-            layers = {name: CompactLinear.from_linear(nn.Linear(k, n, bias=False).requires_grad_(False), fmt)
-                      for name, (n, k, _) in SHAPES.items()}
-            weight_bytes = sum(layers[name].weight.nbytes * per_step for name, (_, _, per_step) in SHAPES.items())
+            copies = {name: per_step if args.weights == "streamed" else 1 for name, (_, _, per_step) in SHAPES.items()}
+            layers = {name: [CompactLinear.from_linear(nn.Linear(k, n, bias=False).requires_grad_(False), fmt)
+                             for _ in range(copies[name])] for name, (n, k, _) in SHAPES.items()}
+            weight_bytes = sum(layers[name][0].weight.nbytes * per_step for name, (_, _, per_step) in SHAPES.items())
+            step_ms = streamed_step_ms if args.weights == "streamed" else cached_step_ms
             for batch in args.batches:
                 ms = step_ms(layers, batch)
                 results.append({"format": fmt, "batch": batch, "linear_ms_per_step": round(ms, 2),
                                 "weight_gb_s": round(weight_bytes / ms / 1e6, 1)})
-    print(json.dumps({"threads": args.threads, "results": results}, indent=1))
+    print(json.dumps({"threads": args.threads, "weights": args.weights, "cpu": cpu_name(), "isa": cpu_isa(),
+                      "results": results}, indent=1))
 
 
 if __name__ == "__main__":

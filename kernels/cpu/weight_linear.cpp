@@ -2,9 +2,10 @@
 // Q4_0 / Q4_1: 4-bit codes, a scale and a minimum). fp32 activations and math.
 //
 // Why: a decode step reads every weight once per token, so at small batches the step time is the bytes read. Here a
-// weight row is widened to fp32 right before use and never written back to memory as fp32: fp16 rows in registers,
-// block formats into an L1 buffer. Rows are split over threads with at::parallel_for; each task takes 4 rows and
-// folds them against every activation row, so an activation chunk loaded once serves 4 outputs.
+// weight row is widened to fp32 right before use and never written back to memory as fp32: fp16 and Q8_0 rows in
+// registers, Q4 rows into an L1 buffer. Every output is one chain of fused multiply-adds over k, one vector of the
+// widest width this build has (AVX-512: 16 lanes, AVX2: 8) at a time, then a horizontal sum: the same operations in
+// the same order whatever the batch size or tile, so a sequence's logits never depend on what it is batched with.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -17,7 +18,7 @@
 namespace {
 
 constexpr int64_t kGroup = 32;   // values per scale (GGUF's QK8_0 / QK4_0 / QK4_1)
-constexpr int64_t kRows = 4;     // weight rows widened together
+constexpr int64_t kRows = 4;     // weight rows of one tile (the batched path)
 
 enum Format : int64_t { kF16 = 0, kQ8 = 1, kQ4 = 2 };
 
@@ -64,76 +65,97 @@ void widen_row(int64_t format, const void* weight, const float* scales, const fl
 }
 #pragma GCC pop_options
 
-#ifdef __AVX2__
-inline float hsum(__m256 v) {
+// The float vector of this build: its width fixes the order of every dot product (see the top of the file).
+#if defined(__AVX512F__)
+#define STRATA_VECTOR 1
+using Vec = __m512;
+constexpr int64_t kLanes = 16;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec vscale(Vec a, float s) { return _mm512_mul_ps(a, _mm512_set1_ps(s)); }
+inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
+inline Vec vwiden(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline Vec vwiden(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define STRATA_VECTOR 1
+using Vec = __m256;
+constexpr int64_t kLanes = 8;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec vscale(Vec a, float s) { return _mm256_mul_ps(a, _mm256_set1_ps(s)); }
+inline float vsum(Vec v) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
-
-// out[m, n0..n0+3] for two activation rows at once: 8 accumulators in registers, each load feeds two or four FMAs.
-template <int64_t MR>
-inline void fold_tile(const float* rows, const float* x, int64_t K, float* out, int64_t N, int64_t n0) {
-  __m256 a[MR][kRows];
-  for (int64_t i = 0; i < MR; ++i)
-    for (int64_t r = 0; r < kRows; ++r) a[i][r] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) {
-    const __m256 w0 = _mm256_loadu_ps(rows + k), w1 = _mm256_loadu_ps(rows + K + k);
-    const __m256 w2 = _mm256_loadu_ps(rows + 2 * K + k), w3 = _mm256_loadu_ps(rows + 3 * K + k);
-    for (int64_t i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * K + k);
-      a[i][0] = _mm256_fmadd_ps(w0, xv, a[i][0]);
-      a[i][1] = _mm256_fmadd_ps(w1, xv, a[i][1]);
-      a[i][2] = _mm256_fmadd_ps(w2, xv, a[i][2]);
-      a[i][3] = _mm256_fmadd_ps(w3, xv, a[i][3]);
-    }
-  }
-  for (int64_t i = 0; i < MR; ++i)
-    for (int64_t r = 0; r < kRows; ++r) out[i * N + n0 + r] = hsum(a[i][r]);
+inline Vec vwiden(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline Vec vwiden(const int8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 #endif
 
-// fp16 and Q8_0 weights widened in registers: each 8-value vector of a weight row is widened and used at once, never
-// stored. The store and reload of a widened row (widen_row + fold_tile) cost more than widening again for every 4
-// activation rows (linear time per SmolLM2 step, 2 threads: fp16 1.5-2x less at 1-32 rows; Q8_0 18.1 -> 16.4 ms at 1
-// row, 28.4 -> 18.8 at 4, equal at 16; Q4 codes unpack slower than they store: 21 -> 25 ms at 1 row, so they keep
-// the buffer). Each vector takes the same operations as widen_row (a product, never fused), so the same bits.
-#if defined(__AVX2__) && defined(__F16C__)
-struct F16Rows {
-  const uint16_t* w;
-  int64_t K;
-  __m256 operator()(int64_t n, int64_t k) const {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + n * K + k)));
-  }
-};
-
-struct Q8Rows {
-  const int8_t* w;
-  const float* scales;
-  int64_t K;
-  __m256 operator()(int64_t n, int64_t k) const {
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + n * K + k));
-    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-    return _mm256_mul_ps(q, _mm256_set1_ps(scales[n * (K / kGroup) + k / kGroup]));
-  }
-};
-
-// MR activation rows x NR weight rows (from row n0) in MR * NR accumulators.
-template <int64_t MR, int64_t NR, typename Rows>
-inline void fold_direct(const Rows& rows, const float* x, int64_t K, float* out, int64_t N, int64_t n0) {
-  __m256 a[MR][NR];
+#ifdef STRATA_VECTOR
+// out[m, n0 + r] for MR activation rows and kRows rows already widened into `rows`: MR * kRows accumulators.
+template <int64_t MR>
+inline void fold_tile(const float* rows, const float* x, int64_t K, float* out, int64_t N, int64_t n0) {
+  Vec a[MR][kRows];
   for (int64_t i = 0; i < MR; ++i)
-    for (int64_t r = 0; r < NR; ++r) a[i][r] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; k += 8) {
-    __m256 wv[NR];
-    for (int64_t r = 0; r < NR; ++r) wv[r] = rows(n0 + r, k);
+    for (int64_t r = 0; r < kRows; ++r) a[i][r] = vzero();
+  for (int64_t k = 0; k < K; k += kLanes) {
+    Vec w[kRows];
+    for (int64_t r = 0; r < kRows; ++r) w[r] = vload(rows + r * K + k);
     for (int64_t i = 0; i < MR; ++i) {
-      const __m256 xv = _mm256_loadu_ps(x + i * K + k);
-      for (int64_t r = 0; r < NR; ++r) a[i][r] = _mm256_fmadd_ps(wv[r], xv, a[i][r]);
+      const Vec xv = vload(x + i * K + k);
+      for (int64_t r = 0; r < kRows; ++r) a[i][r] = vfma(w[r], xv, a[i][r]);
     }
   }
   for (int64_t i = 0; i < MR; ++i)
-    for (int64_t r = 0; r < NR; ++r) out[i * N + n0 + r] = hsum(a[i][r]);
+    for (int64_t r = 0; r < kRows; ++r) out[i * N + n0 + r] = vsum(a[i][r]);
+}
+
+// fp16 and Q8_0 weights widened in registers: each vector of a weight row is widened and used at once, never stored
+// (the store and reload of a widened row cost more than widening again for every few activation rows; Q4 codes
+// unpack slower than they store, so they keep the buffer). Each vector takes the same operations as widen_row (a
+// product, never fused), so the same bits.
+struct F16Rows {
+  static constexpr int64_t kBytes = 2;   // per value
+  const uint16_t* w;
+  int64_t K;
+  const char* address(int64_t n, int64_t k) const { return reinterpret_cast<const char*>(w + n * K + k); }
+  Vec operator()(int64_t n, int64_t k) const { return vwiden(w + n * K + k); }
+};
+
+struct Q8Rows {
+  static constexpr int64_t kBytes = 1;
+  const int8_t* w;
+  const float* scales;
+  int64_t K;
+  const char* address(int64_t n, int64_t k) const { return reinterpret_cast<const char*>(w + n * K + k); }
+  Vec operator()(int64_t n, int64_t k) const {
+    return vscale(vwiden(w + n * K + k), scales[n * (K / kGroup) + k / kGroup]);
+  }
+};
+
+// Weight rows n0..n0+NR-1 against MR activation rows, MR * NR accumulators.
+template <int64_t MR, int64_t NR, typename Rows>
+inline void fold_direct(const Rows& rows, const float* x, int64_t K, float* out, int64_t N, int64_t n0) {
+  Vec a[MR][NR];
+  for (int64_t i = 0; i < MR; ++i)
+    for (int64_t r = 0; r < NR; ++r) a[i][r] = vzero();
+  for (int64_t k = 0; k < K; k += kLanes) {
+    Vec w[NR];
+    for (int64_t r = 0; r < NR; ++r) w[r] = rows(n0 + r, k);
+    for (int64_t i = 0; i < MR; ++i) {
+      const Vec xv = vload(x + i * K + k);
+      for (int64_t r = 0; r < NR; ++r) a[i][r] = vfma(w[r], xv, a[i][r]);
+    }
+  }
+  for (int64_t i = 0; i < MR; ++i)
+    for (int64_t r = 0; r < NR; ++r) out[i * N + n0 + r] = vsum(a[i][r]);
 }
 
 // A tile of kRows weight rows against every activation row, 4 activation rows at a time.
@@ -151,20 +173,88 @@ void fold_direct_tile(const Rows& rows, const float* x, int64_t M, int64_t K, fl
     }
   }
 }
+
+// Rows n0..n0+nr-1 (nr <= kRows) against every activation row; a last partial tile one row at a time.
+template <typename Rows>
+void fold_direct_rows(const Rows& rows, const float* x, int64_t M, int64_t K, float* out, int64_t N, int64_t n0,
+                      int64_t nr) {
+  if (nr == kRows) {
+    fold_direct_tile(rows, x, M, K, out, N, n0);
+    return;
+  }
+  for (int64_t r = 0; r < nr; ++r)
+    for (int64_t m = 0; m < M; ++m) fold_direct<1, 1>(rows, x + m * K, K, out + m * N, N, n0 + r);
+}
+
+// Decode batches: one weight row at a time in address order, folded against every activation row (4 at a time; the
+// row stays in L1 between them). Interleaving 4 weight rows (the tiles above) made a pattern the hardware prefetcher
+// follows badly: with weights streamed from DRAM (121 distinct SmolLM2 layers, fp16, 2 threads, AVX-512 EPYC) the
+// linears of a step took 13.5 / 20 / 27 ms tiled at 1 / 4 / 8 sequences, 7.4-9.4 / 13.6 / 18.5 ms streamed; equal
+// at 16. From 3 sequences on, each row takes long enough that a software prefetch kAheadBytes ahead pays; below,
+// the hardware prefetcher alone is faster (the prefetches cost more than they hide).
+constexpr int64_t kStreamMaxRows = 16;
+constexpr int64_t kPrefetchFromRows = 3;
+constexpr int64_t kAheadBytes = 1024;
+constexpr int64_t kLineBytes = 64;
+template <int64_t MR, bool Prefetch, typename Rows>
+inline void fold_stream_row(const Rows& rows, const float* x, int64_t K, float* out, int64_t N, int64_t n) {
+  constexpr int64_t line_values = kLineBytes / Rows::kBytes;
+  Vec a[MR];
+  for (int64_t i = 0; i < MR; ++i) a[i] = vzero();
+  for (int64_t k = 0; k < K; k += kLanes) {
+    if (Prefetch && k % line_values == 0) _mm_prefetch(rows.address(n, k) + kAheadBytes, _MM_HINT_T0);  // no fault
+    const Vec w = rows(n, k);
+    for (int64_t i = 0; i < MR; ++i) a[i] = vfma(w, vload(x + i * K + k), a[i]);
+  }
+  for (int64_t i = 0; i < MR; ++i) out[i * N + n] = vsum(a[i]);
+}
+
+template <bool Prefetch, typename Rows>
+void fold_stream(const Rows& rows, const float* x, int64_t M, int64_t K, float* out, int64_t N, int64_t n_begin,
+                 int64_t n_end) {
+  for (int64_t n = n_begin; n < n_end; ++n)
+    for (int64_t m = 0; m < M; m += 4) {
+      const float* xm = x + m * K;
+      float* om = out + m * N;
+      switch (std::min<int64_t>(4, M - m)) {
+        case 1: fold_stream_row<1, Prefetch>(rows, xm, K, om, N, n); break;
+        case 2: fold_stream_row<2, Prefetch>(rows, xm, K, om, N, n); break;
+        case 3: fold_stream_row<3, Prefetch>(rows, xm, K, om, N, n); break;
+        default: fold_stream_row<4, Prefetch>(rows, xm, K, om, N, n); break;
+      }
+    }
+}
+
+template <typename Rows>
+void stream(const Rows& rows, const float* x, int64_t M, int64_t K, float* out, int64_t N) {
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    if (M >= kPrefetchFromRows) fold_stream<true>(rows, x, M, K, out, N, begin, end);
+    else fold_stream<false>(rows, x, M, K, out, N, begin, end);
+  });
+}
 #endif
 
-// out[m, n0 + r] = dot(rows[r], x[m]) for r < nr (nr <= kRows).
+// out[m, n0 + r] = dot(rows[r], x[m]) for r < nr (nr <= kRows), in the vector order when K allows it.
 void fold_rows(const float* rows, int64_t nr, const float* x, int64_t M, int64_t K, float* out, int64_t N,
                int64_t n0) {
-  int64_t m = 0;
-#ifdef __AVX2__
-  if (nr == kRows && K % 8 == 0) {
-    for (; m + 2 <= M; m += 2) fold_tile<2>(rows, x + m * K, K, out + m * N, N, n0);
-    if (m < M) fold_tile<1>(rows, x + m * K, K, out + m * N, N, n0);
+#ifdef STRATA_VECTOR
+  if (K % kLanes == 0) {
+    int64_t m = 0;
+    if (nr == kRows) {
+      for (; m + 2 <= M; m += 2) fold_tile<2>(rows, x + m * K, K, out + m * N, N, n0);
+      if (m < M) fold_tile<1>(rows, x + m * K, K, out + m * N, N, n0);
+      return;
+    }
+    for (; m < M; ++m)
+      for (int64_t r = 0; r < nr; ++r) {
+        Vec a = vzero();
+        for (int64_t k = 0; k < K; k += kLanes) a = vfma(vload(rows + r * K + k), vload(x + m * K + k), a);
+        out[m * N + n0 + r] = vsum(a);
+      }
     return;
   }
 #endif
-  for (; m < M; ++m) {
+  for (int64_t m = 0; m < M; ++m) {
     const float* xm = x + m * K;
     for (int64_t r = 0; r < nr; ++r) {
       float sum = 0.f;
@@ -211,15 +301,25 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales
   const float* mn = format == kQ4 ? mins.data_ptr<float>() : nullptr;
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
+#ifdef STRATA_VECTOR
+  const bool direct = format != kQ4 && K % kLanes == 0;   // 4-bit codes cost more to unpack again than to store
+  const F16Rows f16_rows{static_cast<const uint16_t*>(w), K};
+  const Q8Rows q8_rows{static_cast<const int8_t*>(w), s, K};
+  if (direct && M <= kStreamMaxRows) {
+    if (format == kF16) stream(f16_rows, xp, M, K, op, N);
+    else stream(q8_rows, xp, M, K, op, N);
+    return out;
+  }
+#endif
   const int64_t tiles = (N + kRows - 1) / kRows;
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> rows(kRows * K);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * kRows, nr = std::min(kRows, N - n0);
-#if defined(__AVX2__) && defined(__F16C__)
-      if (nr == kRows && K % 8 == 0 && format != kQ4) {   // 4-bit codes cost more to unpack again than to store
-        if (format == kF16) fold_direct_tile(F16Rows{static_cast<const uint16_t*>(w), K}, xp, M, K, op, N, n0);
-        else fold_direct_tile(Q8Rows{static_cast<const int8_t*>(w), s, K}, xp, M, K, op, N, n0);
+#ifdef STRATA_VECTOR
+      if (direct) {
+        if (format == kF16) fold_direct_rows(f16_rows, xp, M, K, op, N, n0, nr);
+        else fold_direct_rows(q8_rows, xp, M, K, op, N, n0, nr);
         continue;
       }
 #endif

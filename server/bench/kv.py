@@ -48,6 +48,13 @@ def cpu_name() -> str:
     return names[0] if names else platform.machine()
 
 
+def cpu_isa() -> list[str]:
+    """The vector-ISA flags of /proc/cpuinfo: what the kernels and --dtype auto had to work with."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    return [flag for flag in flags if flag.startswith(("avx", "fma", "f16c", "amx"))]
+
+
 def machine_note(load_at_start: tuple[float, float, float]) -> str:
     """The host and how busy it was: the numbers depend on what else shared the CPUs."""
     start, end = (", ".join(f"{x:.2f}" for x in load) for load in (load_at_start, os.getloadavg()))

@@ -62,3 +62,15 @@ def test_f16_rows_widened_in_registers_match_the_reference_at_every_batch_size(o
     for rows in (1, 2, 3, 4, 5, 7, 8, 17, weight_linear.KERNEL_MAX_ROWS):
         x = torch.randn(rows, 576)
         torch.testing.assert_close(layer(x).double(), x.double() @ reference.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("weight_format", ["f16", "int8", "int4"])
+def test_a_row_gets_the_same_bits_whatever_it_is_batched_with(weight_format):
+    """Every batch size runs the same operations in the same order per output (streamed rows at 1-2 sequences, tiles
+    above; a last partial tile at 130 outputs): a sequence's logits never depend on its batch neighbours."""
+    torch.manual_seed(1)
+    layer = CompactLinear.from_linear(nn.Linear(576, 130, bias=False).requires_grad_(False), weight_format)
+    x = torch.randn(weight_linear.KERNEL_MAX_ROWS, 576)
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(x.shape[0])])
+    for rows in (2, 3, 4, 5, 8, 17, weight_linear.KERNEL_MAX_ROWS):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
