@@ -23,6 +23,8 @@ from pathlib import Path
 import aiohttp
 from launch import free_port, running
 
+from strata.server.bench.kv import cpu_isa, cpu_name
+
 PROMPTS = json.loads((Path(__file__).parents[1] / "server/bench/data/int8_prompts.json").read_text())["raw"]
 
 
@@ -63,11 +65,7 @@ def agreement(a: list[str], b: list[str]) -> dict:
 
 
 def cpu_flags() -> dict:
-    info = Path("/proc/cpuinfo").read_text().splitlines()
-    first = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in info if ":" in line}
-    flags = first.get("flags", "").split()
-    return {"model": first.get("model name", ""), "cores": os.cpu_count(),
-            "isa": [f for f in flags if f.startswith(("avx", "fma", "f16c", "amx"))]}
+    return {"model": cpu_name(), "cores": os.cpu_count(), "isa": cpu_isa()}
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
-"""Linear layers whose weights stay compact in memory: fp16, or GGUF's Q8_0 / Q4_0 / Q4_1 blocks of 32 values.
+"""Linear layers whose weights stay compact in memory: fp16, bf16, or GGUF's Q8_0 / Q4_0 / Q4_1 blocks of 32 values.
 
-A decode step reads every weight once per token, so bytes per weight set its speed on CPU: fp32 4, fp16 2, Q8_0 1.06,
-Q4_x 0.56-0.63. Blocks are kept as GGUF lays them out (read from a .gguf as they are, or made by gguf-py's
-quantizer, which rounds as llama.cpp does) and widened to fp32 inside the kernel (kernels/cpu/weight_linear.cpp).
+A decode step reads every weight once per token, so bytes per weight set its speed on CPU: fp32 4, fp16 and bf16 2,
+Q8_0 1.06, Q4_x 0.56-0.63. Blocks are kept as GGUF lays them out (read from a .gguf as they are, or made by gguf-py's
+quantizer, which rounds as llama.cpp does) and widened inside the kernel (kernels/cpu/weight_linear.cpp).
 """
 
 import numpy as np
@@ -21,7 +21,7 @@ FLOAT_QUANTIZATION = {"int8": GGMLQuantizationType.Q8_0, "int4": GGMLQuantizatio
 
 
 class CompactLinear(nn.Module):
-    """Drop-in for an nn.Linear (weight [out, in]) that is only read; `format` is f16, q8 or q4."""
+    """Drop-in for an nn.Linear (weight [out, in]) that is only read; `format` is f16, bf16, q8 or q4."""
 
     def __init__(self, format: str, weight: torch.Tensor, scales: torch.Tensor | None, mins: torch.Tensor | None,
                  in_features: int, bias: torch.Tensor | None = None):
@@ -63,10 +63,11 @@ class CompactLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Module, weight_format: str) -> "CompactLinear":
-        """From a float layer: f16 (weights rounded to fp16), int8 (Q8_0) or int4 (Q4_1)."""
+        """From a float layer: f16 or bf16 (weights rounded to it), int8 (Q8_0) or int4 (Q4_1)."""
         weight = linear.unpacked_weight() if hasattr(linear, "unpacked_weight") else linear.weight.detach()
-        if weight_format == "f16":
-            return cls("f16", weight.half().contiguous(), None, None, weight.shape[1], linear.bias)
+        if weight_format in ("f16", "bf16"):
+            dtype = torch.float16 if weight_format == "f16" else torch.bfloat16
+            return cls(weight_format, weight.to(dtype).contiguous(), None, None, weight.shape[1], linear.bias)
         block_type = FLOAT_QUANTIZATION[weight_format]
         if weight.shape[1] % GROUP:
             raise ValueError(f"{weight_format} needs in_features divisible by {GROUP}, got {weight.shape[1]}")

@@ -63,7 +63,7 @@ def load_model(
 
 
 def compact_linears(model: LlamaForCausalLM, weight_format: str, path: Path | None) -> None:
-    """Replace every nn.Linear (lm_head too, which unties it from the embedding) by a CompactLinear: f16, int8 or int4
+    """Replace every nn.Linear (lm_head too, which unties it from the embedding) by a CompactLinear: f16, bf16, int8 or int4
     made from the loaded float weights, or gguf: the blocks of the folder's .gguf file as they are."""
     if weight_format == "gguf":
         if path is None:

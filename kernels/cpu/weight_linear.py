@@ -1,4 +1,5 @@
-"""Linear layers over compact weights on CPU (weight_linear.cpp): fp16, or GGUF-style blocks of 32 (Q8_0, Q4_0/Q4_1).
+"""Linear layers over compact weights on CPU (weight_linear.cpp): fp16, bf16, or GGUF-style blocks of 32 (Q8_0,
+Q4_0/Q4_1). bf16 weights multiply activations rounded to bf16 (AVX512_BF16 dot products where the CPU has them).
 
 Small batches (decode) run the C++ kernel, which widens each weight row in cache; large ones (prefill) widen the whole
 weight once and hand it to BLAS, which is faster when many activation rows share the weight.
@@ -8,7 +9,7 @@ import torch
 
 from strata.kernels.cpu.build import build_kernels
 
-FORMATS = {"f16": 0, "q8": 1, "q4": 2}
+FORMATS = {"f16": 0, "q8": 1, "q4": 2, "bf16": 3}
 # Above this many activation rows, widening the weight once and calling BLAS beats the row kernel (measured on the
 # 2-core EPYC for SmolLM2-135M's shapes; see benchmarks/results/cpu_profile).
 KERNEL_MAX_ROWS = 32
@@ -29,8 +30,15 @@ def linear(x: torch.Tensor, format: str, weight: torch.Tensor, scales: torch.Ten
     if rows.shape[0] <= KERNEL_MAX_ROWS:
         out = load().linear(rows, weight, scales, mins, code, in_features)
     else:
+        if format == "bf16":
+            rows = rows.bfloat16().float()      # the rounding the kernel applies, so prefill and decode agree
         out = torch.nn.functional.linear(rows, load().dequantize(weight, scales, mins, code, in_features))
     return out.view(*x.shape[:-1], -1).to(x.dtype)
+
+
+def native_bf16() -> bool:
+    """Whether bf16 weights run on AVX512_BF16 dot products on this machine (else an fp32 fallback)."""
+    return load().native_bf16()
 
 
 def dequantize(format: str, weight: torch.Tensor, scales: torch.Tensor | None, mins: torch.Tensor | None,

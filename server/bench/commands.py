@@ -162,7 +162,7 @@ def bench_weight_accuracy(
     as_json: bool = typer.Option(False, "--json"),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
 ) -> None:
-    """Perplexity on a public-domain text and greedy agreement over 32 prompts: f16, int8, int4 and gguf weights vs
+    """Perplexity on a public-domain text and greedy agreement over 32 prompts: f16, bf16, int8, int4 and gguf weights vs
     dense fp32 weights."""
     from strata.server.bench.weights import run_weight_accuracy
 

@@ -1,4 +1,4 @@
-"""`strata bench weight-accuracy`: what compact weights (fp16, INT8, INT4, the GGUF's own blocks) cost in accuracy
+"""`strata bench weight-accuracy`: what compact weights (fp16, bf16, INT8, INT4, the GGUF's own blocks) cost in accuracy
 against the dense fp32 model: perplexity on the public-domain text and greedy agreement on the 32 prompts."""
 
 import dataclasses
@@ -11,7 +11,7 @@ from strata.server.bench.kv import PROMPTS, TEXT, agreement, machine_note, perpl
 from strata.server.engine.config import EngineConfig
 from strata.server.engine.sampling_params import SamplingParams
 
-FORMATS = ("f16", "int8", "int4", "gguf")
+FORMATS = ("f16", "bf16", "int8", "int4", "gguf")
 
 
 def run_weight_accuracy(config: EngineConfig, formats: tuple[str, ...] = FORMATS, max_tokens: int = 64,
@@ -31,7 +31,8 @@ def run_weight_accuracy(config: EngineConfig, formats: tuple[str, ...] = FORMATS
         "settings": {"text": f"server/bench/data/{TEXT.name}", "text_tokens": scored,
                      "prompts": f"{len(chat)} chat (chat template) + {len(raw)} raw (server/bench/data/{PROMPTS.name})",
                      "max_tokens": max_tokens, "greedy": True, "ignore_eos": True, "math": "fp32",
-                     "formats": {"none": "dense fp32", "f16": "fp16 weights", "int8": "Q8_0 blocks of 32 (gguf-py)",
+                     "formats": {"none": "dense fp32", "f16": "fp16 weights",
+                                 "bf16": "bf16 weights, activations rounded to bf16 in the dot products", "int8": "Q8_0 blocks of 32 (gguf-py)",
                                  "int4": "Q4_1 blocks of 32 (gguf-py), lm_head Q8_0", "gguf": "the model's .gguf blocks as stored"},
                      "threads": torch.get_num_threads(), "machine_note": machine_note(load_at_start)},
     }

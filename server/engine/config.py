@@ -14,7 +14,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PREEMPTION_MODES = ("swap", "recompute")
 SPECULATIVE = ("off", "ngram", "cache", "ngram+cache")
 SPECULATIVE_POLICIES = ("cost", "always")
-QUANTIZATIONS = ("auto", "none", "f16", "int8", "int4", "gguf")
+QUANTIZATIONS = ("auto", "none", "f16", "bf16", "int8", "int4", "gguf")
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
@@ -26,8 +26,8 @@ class EngineConfig:
     load_format: str = "auto"  # auto (safetensors in the folder) or dummy (random weights of --model-config)
     model_config: str | None = None  # named model shape for dummy weights (e.g. llama-3.2-1b)
     tokenizer: str | None = None  # tokenizer folder; none = the model's (dummy weights: the default model's)
-    dtype: str = "auto"  # weights and activations: auto (bf16 on CUDA or native-bf16 CPUs, else fp32 math over fp16 weights) | fp32 | bf16 | fp16
-    quantization: str = "auto"  # weights kept compact (CPU): auto (what --dtype picks) | none | f16 | int8 (Q8_0) | int4 (Q4_1; lm_head Q8_0) | gguf (the folder's .gguf blocks as stored)
+    dtype: str = "auto"  # weights and activations: auto (bf16 on CUDA; on CPUs with AVX512_BF16 bf16 weights and dot products with fp32 activations, else fp32 math over fp16 weights) | fp32 | bf16 | fp16
+    quantization: str = "auto"  # weights kept compact (CPU): auto (what --dtype picks) | none | f16 | bf16 (bf16 dot products) | int8 (Q8_0) | int4 (Q4_1; lm_head Q8_0) | gguf (the folder's .gguf blocks as stored)
     kv_dtype: str = "auto"  # KV cache: auto (= dtype) | fp32 | bf16 | fp16 | int8 (a scale per token and KV head)
     block_size: int = 16  # tokens per KV block (8, 16, 32, 64 or 128)
     kv_cache_memory: str = "auto"  # KV pool: bytes ("2GiB") or a fraction of free memory ("0.5"); auto: see kv_cache_bytes
@@ -81,7 +81,7 @@ class EngineConfig:
         return torch.device(self.device)
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        """bf16 on CUDA; on CPU what kernels.fastest_cpu_weights picks (bf16 where native, else fp32 math)."""
+        """bf16 on CUDA; on CPU what kernels.fastest_cpu_weights picks."""
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else fastest_cpu_weights().dtype
         return DTYPES[self.dtype]

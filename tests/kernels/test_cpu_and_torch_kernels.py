@@ -136,6 +136,23 @@ def test_without_a_compiler_auto_falls_back_to_torch_and_a_forced_cpu_says_why(m
         backend.cpu_kernel_builds.cache_clear()
 
 
+@pytest.mark.parametrize("onednn_bf16, kernel_bf16, builds, expected", [
+    (True, True, True, (torch.float32, "bf16")),       # AVX512_BF16 dot products in the C++ kernel
+    (True, False, True, (torch.bfloat16, "none")),     # a compiler without them: oneDNN's dense bf16
+    (False, False, True, (torch.float32, "f16")),      # AVX2 / AVX-512 without bf16: fp16 weights, fp32 math
+    (False, False, False, (torch.float32, "none")),    # no compiler: dense fp32
+])
+def test_dtype_auto_picks_the_weights_the_cpu_runs_fastest(monkeypatch, onednn_bf16, kernel_bf16, builds, expected):
+    from strata.kernels import backend
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: onednn_bf16)
+    monkeypatch.setattr(backend, "weight_kernel_builds", lambda: builds)
+    monkeypatch.setattr(backend.weight_linear, "native_bf16", lambda: kernel_bf16)
+    choice = backend.fastest_cpu_weights()
+    assert (choice.dtype, choice.weight_format) == expected
+    assert ("with native bf16" in choice.reason) == onednn_bf16
+
+
 def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     """A compile killed mid-way leaves torch's lock file; every later build would wait on it for ever."""
     import os

@@ -64,7 +64,7 @@ def test_f16_rows_widened_in_registers_match_the_reference_at_every_batch_size(o
         torch.testing.assert_close(layer(x).double(), x.double() @ reference.T, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("weight_format", ["f16", "int8", "int4"])
+@pytest.mark.parametrize("weight_format", ["f16", "bf16", "int8", "int4"])
 def test_a_row_gets_the_same_bits_whatever_it_is_batched_with(weight_format):
     """Every batch size runs the same operations in the same order per output (streamed rows at 1-2 sequences, tiles
     above; a last partial tile at 130 outputs): a sequence's logits never depend on its batch neighbours."""
@@ -74,3 +74,17 @@ def test_a_row_gets_the_same_bits_whatever_it_is_batched_with(weight_format):
     alone = torch.cat([layer(x[i:i + 1]) for i in range(x.shape[0])])
     for rows in (2, 3, 4, 5, 8, 17, weight_linear.KERNEL_MAX_ROWS):
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+
+
+def test_bf16_weights_multiply_bf16_rounded_activations_in_both_paths():
+    """The kernel (AVX512_BF16 dot products, or the fp32 fallback) and the prefill path (BLAS over the widened weight)
+    both compute bf16 weights times activations rounded to bf16, summed in fp32."""
+    torch.manual_seed(2)
+    linear = nn.Linear(576, 130, bias=True).requires_grad_(False)
+    layer = CompactLinear.from_linear(linear, "bf16")
+    assert layer.weight.dtype == torch.bfloat16
+    assert torch.equal(layer.unpacked_weight(), linear.weight.bfloat16().float())
+    for rows in (1, 2, 3, 5, 17, weight_linear.KERNEL_MAX_ROWS + 7):
+        x = torch.randn(rows, 576)
+        reference = x.bfloat16().double() @ layer.unpacked_weight().double().T + linear.bias.double()
+        torch.testing.assert_close(layer(x).double(), reference, rtol=1e-5, atol=1e-5)

@@ -35,7 +35,7 @@ def test_each_weight_format_keeps_perplexity_and_greedy_outputs_close():
                                  num_prompts=1)
     increase = result["ppl_increase_pct_vs_fp32"]
     assert abs(increase["gguf"]) < 0.05
-    assert increase["f16"] < 1 and increase["int8"] < 1 and increase["int4"] < 5
+    assert increase["f16"] < 1 and increase["bf16"] < 1 and increase["int8"] < 1 and increase["int4"] < 5
     assert all(abs(value) < 10 for value in increase.values())
     greedy = result["greedy_vs_fp32"]
     assert greedy["gguf"]["token_agreement_to_first_divergence"] >= 0.9      # same weights, other summation order
