@@ -34,9 +34,9 @@ class AttentionBackend:
 TORCH = AttentionBackend(
     "torch", torch_reference.write_kv, torch_reference.paged_decode_attention, torch_reference.paged_prefill_attention
 )
-# Decode reads the cache in place (cpu/paged_decode.cpp); writes and prefill (compute-bound, SDPA's flash kernel)
-# stay on torch; the small per-layer ops are fused C++ (cpu/pointwise.cpp), built with the decode kernel.
-CPU = AttentionBackend("cpu", torch_reference.write_kv, cpu_paged.paged_decode_attention,
+# Decode reads the cache in place and float K/V are written by one call (cpu/paged_decode.cpp); INT8 writes and prefill
+# (compute-bound, SDPA's flash kernel) stay on torch; the small per-layer ops are fused C++ (cpu/pointwise.cpp).
+CPU = AttentionBackend("cpu", cpu_paged.write_kv, cpu_paged.paged_decode_attention,
                        torch_reference.paged_prefill_attention, CPU_OPS)
 
 

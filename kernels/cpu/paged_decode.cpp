@@ -166,6 +166,52 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
   return out;
 }
 
+// The new tokens' K and V ([T, H, D], fp32) into their cache slots (slot = block * block_size + offset) of a float
+// cache in any layout: one call per layer instead of torch's chain (slot -> block and offset, two index_put with a
+// dtype conversion each), which at batch 1 cost about as long as the layer's attention.
+template <typename T>
+void write_rows(const float* src, int64_t T_, int64_t H, int64_t D, T* dst, const int64_t* slots, int64_t block_size,
+                const int64_t strides[3]) {
+  for (int64_t t = 0; t < T_; ++t) {
+    const int64_t slot = slots[t];
+    T* base = dst + (slot / block_size) * strides[0] + (slot % block_size) * strides[1];
+    for (int64_t h = 0; h < H; ++h) {
+      const float* row = src + (t * H + h) * D;
+      T* out = base + h * strides[2];
+      for (int64_t d = 0; d < D; ++d) out[d] = static_cast<T>(row[d]);
+    }
+  }
+}
+
+void write_kv_(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, torch::Tensor v_cache,
+               torch::Tensor slot_mapping) {
+  TORCH_CHECK(key.scalar_type() == torch::kFloat32 && value.scalar_type() == torch::kFloat32, "K/V must be fp32");
+  TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes(), "K and V must be [tokens, heads, head_dim] alike");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.stride(3) == 1 &&
+              v_cache.stride(3) == 1 && k_cache.strides() == v_cache.strides(),
+              "caches must be [blocks, block_size, heads, head_dim] views alike with contiguous head_dim");
+  TORCH_CHECK(k_cache.size(2) == key.size(1) && k_cache.size(3) == key.size(2), "K/V heads do not match the cache");
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.numel() == key.size(0),
+              "slot_mapping must be int64 [tokens]");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "K and V caches must have one dtype");
+  const auto k = key.contiguous(), v = value.contiguous();
+  const auto slots = slot_mapping.contiguous();
+  const int64_t T_ = k.size(0), H = k.size(1), D = k.size(2), block_size = k_cache.size(1);
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t capacity = k_cache.size(0) * block_size;
+  for (int64_t t = 0; t < T_; ++t) TORCH_CHECK(sp[t] >= 0 && sp[t] < capacity, "slot ", sp[t], " is outside the cache");
+  const int64_t strides[3] = {k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)};
+  const auto run = [&](auto* kp, auto* vp) {
+    write_rows(k.data_ptr<float>(), T_, H, D, kp, sp, block_size, strides);
+    write_rows(v.data_ptr<float>(), T_, H, D, vp, sp, block_size, strides);
+  };
+  if (k_cache.scalar_type() == torch::kFloat32) run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
+  else if (k_cache.scalar_type() == torch::kBFloat16)
+    run(k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>());
+  else if (k_cache.scalar_type() == torch::kFloat16) run(k_cache.data_ptr<c10::Half>(), v_cache.data_ptr<c10::Half>());
+  else TORCH_CHECK(false, "write_kv_ takes float caches; INT8 quantizes in torch");
+}
+
 // The module binds every kernel of this folder (weight_linear.cpp's and pointwise.cpp's too): one build, its sources
 // compiled in parallel, instead of one build per kernel (each spends most of its time in torch's headers; one more
 // source just for the bindings would add one more such compile).
@@ -180,6 +226,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
+  m.def("write_kv_", &write_kv_, "new tokens' K/V into their slots of a float paged cache");
   m.def("linear", &linear, "x [M, K] fp32 @ compact weight [N, K].T -> [M, N] fp32");
   m.def("dequantize", &dequantize, "compact weight -> fp32 [N, K]");
   m.def("native_bf16", &native_bf16, "whether bf16 weights run on AVX512_BF16 dot products");

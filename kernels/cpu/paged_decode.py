@@ -3,6 +3,7 @@ it cannot be built `load()` raises and the backend falls back to the torch refer
 
 import torch
 
+from strata.kernels import torch_reference
 from strata.kernels.cpu.build import build_kernels
 from strata.kernels.metadata import LayerKV
 
@@ -10,6 +11,14 @@ from strata.kernels.metadata import LayerKV
 def load():
     """The compiled module; raises (RuntimeError, OSError, ...) when it cannot be built here."""
     return build_kernels()
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, kv: LayerKV, slot_mapping: torch.Tensor) -> None:
+    """Store the new tokens' K/V ([T, H, D]) into their slots: one C++ call for a float cache; INT8 quantizes in torch."""
+    if kv.quantized:
+        torch_reference.write_kv(key, value, kv, slot_mapping)
+    else:
+        load().write_kv_(key.float(), value.float(), kv.k, kv.v, slot_mapping)
 
 
 def paged_decode_attention(q: torch.Tensor, kv: LayerKV, block_tables: torch.Tensor, context_lens: torch.Tensor,

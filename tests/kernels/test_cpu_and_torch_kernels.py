@@ -85,6 +85,25 @@ def test_cpu_kernel_matches_dense_attention(kv_dtype: str, head_dim: int):
                  tol=2e-5)
 
 
+@pytest.mark.parametrize("kv_dtype", ["fp32", "bf16", "fp16", "int8"])
+def test_cpu_kv_write_stores_what_the_torch_reference_stores(kv_dtype: str):
+    """The C++ write (float caches; INT8 goes through torch) puts every token's K/V, any strides in, in the same slots
+    with the same values as the reference, and leaves every other slot alone."""
+    gen = torch.Generator().manual_seed(5)
+    layout = KVLayout(2, 3, 16, 8, kv_dtype)
+    pools = [KVStorage(layout, 6, torch.device("cpu")) for _ in range(2)]
+    for pool in pools:
+        pool.buffer.fill_(0x41)
+    slots = torch.randperm(6 * 8, generator=gen)[:11]
+    qkv = torch.randn(11, 5 * 3 * 16, generator=gen)      # K and V as strided views of a fused projection
+    k, v = qkv[:, :48].view(11, 3, 16), qkv[:, 96:144].view(11, 3, 16)
+    torch_reference.write_kv(k, v, pools[0].layers[1], slots)
+    cpu_paged.write_kv(k, v, pools[1].layers[1], slots)
+    assert torch.equal(pools[0].buffer, pools[1].buffer)
+    with pytest.raises((RuntimeError, IndexError), match="outside the cache|out of bounds"):
+        cpu_paged.write_kv(k[:1], v[:1], pools[1].layers[1], torch.tensor([6 * 8]))
+
+
 def test_cpu_kernel_refuses_what_it_cannot_read():
     q = torch.randn(2, 3, 32)
     storage = KVStorage(KVLayout(1, 3, 32, 8, "fp32"), 4, torch.device("cpu"))
