@@ -13,6 +13,7 @@ FORMATS = {"f16": 0, "q8": 1, "q4": 2, "bf16": 3}
 # Above this many activation rows, widening the weight once and calling BLAS beats the row kernel (measured on the
 # 2-core EPYC for SmolLM2-135M's shapes; see benchmarks/results/cpu_profile).
 KERNEL_MAX_ROWS = 32
+_EMPTY = torch.empty(0)     # the scales / mins argument of formats without them
 
 
 def load():
@@ -23,16 +24,18 @@ def load():
 def linear(x: torch.Tensor, format: str, weight: torch.Tensor, scales: torch.Tensor | None,
            mins: torch.Tensor | None, in_features: int) -> torch.Tensor:
     """x [..., K] (any float dtype) times the compact weight [N, K] transposed -> [..., N] in x's dtype, fp32 math."""
+    kernels, code = load(), FORMATS[format]
+    scales = _EMPTY if scales is None else scales
+    mins = _EMPTY if mins is None else mins
+    if x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] <= KERNEL_MAX_ROWS and x.is_contiguous():
+        return kernels.linear(x, weight, scales, mins, code, in_features)   # a decode step's case, nothing to adapt
     rows = x.reshape(-1, in_features).float().contiguous()
-    code, empty = FORMATS[format], rows.new_empty(0)
-    scales = empty if scales is None else scales
-    mins = empty if mins is None else mins
     if rows.shape[0] <= KERNEL_MAX_ROWS:
-        out = load().linear(rows, weight, scales, mins, code, in_features)
+        out = kernels.linear(rows, weight, scales, mins, code, in_features)
     else:
         if format == "bf16":
             rows = rows.bfloat16().float()      # the rounding the kernel applies, so prefill and decode agree
-        out = torch.nn.functional.linear(rows, load().dequantize(weight, scales, mins, code, in_features))
+        out = torch.nn.functional.linear(rows, kernels.dequantize(weight, scales, mins, code, in_features))
     return out.view(*x.shape[:-1], -1).to(x.dtype)
 
 
@@ -44,6 +47,5 @@ def native_bf16() -> bool:
 def dequantize(format: str, weight: torch.Tensor, scales: torch.Tensor | None, mins: torch.Tensor | None,
                in_features: int) -> torch.Tensor:
     """The compact weight as fp32 [N, K]."""
-    empty = torch.empty(0)
-    return load().dequantize(weight, empty if scales is None else scales, empty if mins is None else mins,
+    return load().dequantize(weight, _EMPTY if scales is None else scales, _EMPTY if mins is None else mins,
                              FORMATS[format], in_features)
