@@ -12,6 +12,17 @@ from strata.kernels.cpu import weight_linear
 from strata.models.compact_linear import CompactLinear
 
 
+def kernel_reference(layer: CompactLinear, x: torch.Tensor) -> torch.Tensor:
+    """What the layer computes, in float64: the widened weight times x, both rounded to bf16 where the row kernel
+    rounds them (weight_linear.rounds_to_bf16); the prefill path (more rows) multiplies the fp32 values."""
+    weight = layer.unpacked_weight()
+    if x.shape[0] <= weight_linear.KERNEL_MAX_ROWS and weight_linear.rounds_to_bf16(layer.format) or \
+            layer.format == "bf16":
+        x, weight = x.bfloat16(), weight.bfloat16()
+    out = x.double() @ weight.double().T
+    return out if layer.bias is None else out + layer.bias.double()
+
+
 @pytest.mark.parametrize("block_type", [Q.Q8_0, Q.Q4_0, Q.Q4_1])
 @pytest.mark.parametrize("out_features, in_features", [(7, 32), (67, 96), (256, 576)])
 def test_gguf_blocks_widen_exactly_and_multiply_like_the_reference(block_type, out_features, in_features):
@@ -24,7 +35,7 @@ def test_gguf_blocks_widen_exactly_and_multiply_like_the_reference(block_type, o
     assert torch.equal(layer.unpacked_weight(), reference)       # same rounding as gguf-py, bit for bit
     for rows in (1, 2, 3, 4, 5, 8, 17, weight_linear.KERNEL_MAX_ROWS + 7):
         x = torch.randn(rows, in_features)
-        torch.testing.assert_close(layer(x), nn.functional.linear(x, reference, bias), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer(x).double(), kernel_reference(layer, x), rtol=1e-5, atol=1e-5)
 
 
 def test_f16_and_float_quantization_keep_the_layer_close():
@@ -36,7 +47,8 @@ def test_f16_and_float_quantization_keep_the_layer_close():
         layer = CompactLinear.from_linear(linear, weight_format)
         out = layer(x)
         assert out.shape == exact.shape
-        torch.testing.assert_close(out, nn.functional.linear(x, layer.unpacked_weight()), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.double(), kernel_reference(layer, x.view(-1, 320)).view(out.shape),
+                                   rtol=1e-5, atol=1e-5)
         assert (out - exact).abs().max() < tol * exact.abs().max()
     bf16 = CompactLinear.from_linear(linear, "int8")(x.bfloat16())
     assert bf16.dtype == torch.bfloat16
@@ -86,5 +98,4 @@ def test_bf16_weights_multiply_bf16_rounded_activations_in_both_paths():
     assert torch.equal(layer.unpacked_weight(), linear.weight.bfloat16().float())
     for rows in (1, 2, 3, 5, 17, weight_linear.KERNEL_MAX_ROWS + 7):
         x = torch.randn(rows, 576)
-        reference = x.bfloat16().double() @ layer.unpacked_weight().double().T + linear.bias.double()
-        torch.testing.assert_close(layer(x).double(), reference, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer(x).double(), kernel_reference(layer, x), rtol=1e-5, atol=1e-5)
