@@ -16,7 +16,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <cstdint>
 #include <vector>
 
@@ -285,31 +284,36 @@ inline void fold_bf16_row(const Rows& rows, const uint16_t* x, int64_t K, float*
   for (int64_t i = 0; i < MR; ++i) out[i * N + n] = vsum(a[i]);
 }
 
-// fold_bf16_row<mr> for a run-time mr <= MR.
-template <int64_t MR, bool Prefetch, typename Rows>
-inline void fold_bf16_rows(int64_t mr, const Rows& rows, const uint16_t* x, int64_t K, float* out, int64_t N,
-                           int64_t n) {
-  if constexpr (MR > 1) {
-    if (mr < MR) return fold_bf16_rows<MR - 1, Prefetch>(mr, rows, x, K, out, N, n);
-  }
-  fold_bf16_row<MR, Prefetch>(rows, x, K, out, N, n);
-}
-
 // 8 activation rows per pass over a weight row: a Q8_0 block is widened once for 8 (at 4, the widening cost Q8_0
 // 17-19% more at 8-16 rows; bf16 rows, a plain load, were equal; 16 accumulators spilled).
 constexpr int64_t kBF16MaxRowsPerPass = 8;
+template <bool P, typename Rows>
+void fold_bf16(const Rows& rows, const uint16_t* x, int64_t M, int64_t K, float* out, int64_t N, int64_t begin,
+               int64_t end) {
+  for (int64_t n = begin; n < end; ++n) {
+    int64_t m = 0;
+    for (; m + kBF16MaxRowsPerPass <= M; m += kBF16MaxRowsPerPass)
+      fold_bf16_row<kBF16MaxRowsPerPass, P>(rows, x + m * K, K, out + m * N, N, n);
+    const uint16_t* xm = x + m * K;
+    float* om = out + m * N;
+    switch (M - m) {
+      case 1: fold_bf16_row<1, P>(rows, xm, K, om, N, n); break;
+      case 2: fold_bf16_row<2, P>(rows, xm, K, om, N, n); break;
+      case 3: fold_bf16_row<3, P>(rows, xm, K, om, N, n); break;
+      case 4: fold_bf16_row<4, P>(rows, xm, K, om, N, n); break;
+      case 5: fold_bf16_row<5, P>(rows, xm, K, om, N, n); break;
+      case 6: fold_bf16_row<6, P>(rows, xm, K, om, N, n); break;
+      case 7: fold_bf16_row<7, P>(rows, xm, K, om, N, n); break;
+      default: break;
+    }
+  }
+}
+
 template <typename Rows>
 void stream_bf16(const Rows& rows, const uint16_t* x, int64_t M, int64_t K, float* out, int64_t N) {
-  const auto fold = [&](auto prefetch, int64_t begin, int64_t end) {
-    constexpr bool P = decltype(prefetch)::value;
-    for (int64_t n = begin; n < end; ++n)
-      for (int64_t m = 0; m < M; m += kBF16MaxRowsPerPass)
-        fold_bf16_rows<kBF16MaxRowsPerPass, P>(std::min(kBF16MaxRowsPerPass, M - m), rows, x + m * K, K,
-                                                out + m * N, N, n);
-  };
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    if (M >= kPrefetchFromRows) fold(std::true_type{}, begin, end);
-    else fold(std::false_type{}, begin, end);
+    if (M >= kPrefetchFromRows) fold_bf16<true>(rows, x, M, K, out, N, begin, end);
+    else fold_bf16<false>(rows, x, M, K, out, N, begin, end);
   });
 }
 #else
