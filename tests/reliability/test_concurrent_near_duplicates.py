@@ -39,10 +39,12 @@ def test_a_pending_neighbour_is_followed_only_when_it_asks_the_same(server, firs
                 "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True})
         results[name] = (res.headers["x-strata-cache"], res.json()["choices"][0]["message"]["content"])
 
-    leader = threading.Thread(target=ask, args=("first", first, 120))
+    leader = threading.Thread(target=ask, args=("first", first, 400))
     leader.start()
-    time.sleep(0.15)
-    ask("second", second, 120)
+    deadline = time.monotonic() + 30                     # ask only once the leader is decoding (400 steps to go)
+    while server.stats()["num_running"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ask("second", second, 400)
     leader.join()
     assert results["first"][0] == "miss"                 # nothing stored before by another pair served it
     layer, text = results["second"]
