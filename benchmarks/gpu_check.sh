@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# GPU check (< 8 min on an H200): the Triton kernel and CUDA-graph tests on CUDA, then decode tok/s of our engine
-# (CUDA graphs, and eager as with --enforce-eager) vs HF transformers on dummy Llama-3.2-1B / Llama-3.1-8B shapes,
-# as a fraction of the memory-bandwidth floor.
-# Writes $OUT/gpu_kernel_tests.xml and $OUT/gpu_check.json (OUT defaults to benchmarks/results).
+# GPU check (< 9 min on an H200): the Triton kernel and CUDA-graph tests on CUDA, the W8A16 / W4A16 weight kernel
+# vs cuBLAS bf16 per layer shape, then decode tok/s of our engine (CUDA graphs, and eager as with --enforce-eager) vs
+# HF transformers on dummy Llama-3.2-1B / Llama-3.1-8B shapes, as a fraction of the memory-bandwidth floor, and
+# with Q8_0 / Q4_1 weights.
+# Writes $OUT/gpu_kernel_tests.xml, $OUT/gpu_weight_linear.json and $OUT/gpu_check.json (OUT defaults to
+# benchmarks/results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-benchmarks/results}"
@@ -28,10 +30,14 @@ print(f"gpu_check: {torch.cuda.get_device_name()} torch {torch.__version__} trit
 PY
 
 # The sm_90 compile-only test is left out: here the kernels really run.
-timeout 180 "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/server/engine/test_cuda_graphs.py \
+timeout 150 "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
+    tests/kernels/test_triton_weight_linear.py tests/server/engine/test_cuda_graphs.py \
     -k "not compiles_without_spills" --junitxml "$OUT/gpu_kernel_tests.xml"
 tests_rc=$?
-timeout 280 "$PYTHON" benchmarks/gpu_check.py --out "$OUT" --budget-s 220
+timeout 120 "$PYTHON" benchmarks/gpu_weight_linear.py --out "$OUT" --budget-s 80
+linear_rc=$?
+timeout 270 "$PYTHON" benchmarks/gpu_check.py --out "$OUT" --budget-s 200
 bench_rc=$?
-echo "gpu_check: kernel tests rc=$tests_rc, benchmark rc=$bench_rc (124 = hit its time limit); results in $OUT"
-[ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]
+echo "gpu_check: kernel tests rc=$tests_rc, weight-linear rc=$linear_rc, engine benchmark rc=$bench_rc" \
+     "(124 = hit its time limit); results in $OUT"
+[ "$tests_rc" -eq 0 ] && [ "$linear_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -107,6 +107,16 @@ def fastest_cpu_weights() -> WeightChoice:
     return WeightChoice(torch.float32, "none", f"{isa} without native bf16 and no C++ weight kernel: fp32 weights")
 
 
+def compact_weight_linear(device: torch.device) -> Callable[..., torch.Tensor]:
+    """The kernel of compact (f16 / bf16 / Q8_0 / Q4) linear layers on `device`: C++ on CPU, Triton on CUDA
+    (Q8_0 and Q4 only: dense fp16 / bf16 weights there are plain --dtype fp16 / bf16)."""
+    if device.type == "cuda":
+        from strata.kernels.triton import weight_linear as triton_weight_linear  # triton is optional off CUDA
+
+        return triton_weight_linear.linear
+    return weight_linear.linear
+
+
 @functools.cache
 def weight_kernel_builds() -> bool:
     """Whether the C++ compact-weight kernel is (or can be) built here; says why once when it cannot."""

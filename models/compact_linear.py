@@ -2,7 +2,8 @@
 
 A decode step reads every weight once per token, so bytes per weight set its speed on CPU: fp32 4, fp16 and bf16 2,
 Q8_0 1.06, Q4_x 0.56-0.63. Blocks are kept as GGUF lays them out (read from a .gguf as they are, or made by gguf-py's
-quantizer, which rounds as llama.cpp does) and widened inside the kernel (kernels/cpu/weight_linear.cpp).
+quantizer, which rounds as llama.cpp does) and widened inside the kernel: kernels/cpu/weight_linear.cpp on CPU,
+kernels/triton/weight_linear.py (Q8_0 and Q4 blocks) on CUDA.
 """
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from torch import nn
 
+from strata.kernels.backend import compact_weight_linear
 from strata.kernels.cpu import weight_linear
 
 GROUP = 32
@@ -33,12 +35,13 @@ class CompactLinear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = weight_linear.linear(x, self.format, self.weight, self.scales, self.mins, self.in_features)
+        out = compact_weight_linear(x.device)(x, self.format, self.weight, self.scales, self.mins, self.in_features)
         return out if self.bias is None else out + self.bias
 
     def unpacked_weight(self) -> torch.Tensor:
-        """The [out, in] weight widened to fp32 (a copy)."""
-        return weight_linear.dequantize(self.format, self.weight, self.scales, self.mins, self.in_features)
+        """The [out, in] weight widened to fp32 (a copy, on the layer's device; widened by the CPU kernel)."""
+        cpu = [None if t is None else t.cpu() for t in (self.weight, self.scales, self.mins)]
+        return weight_linear.dequantize(self.format, *cpu, self.in_features).to(self.weight.device)
 
     @classmethod
     def from_blocks(cls, blocks: np.ndarray, block_type: GGMLQuantizationType, in_features: int,

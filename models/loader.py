@@ -76,12 +76,13 @@ def compact_linears(model: LlamaForCausalLM, weight_format: str, path: Path | No
                                                         name == "lm_head" else weight_format)
                         for name, module in model.named_modules() if isinstance(module, nn.Linear)}
     for name, layer in replacements.items():
-        shape = tuple(model.get_submodule(name).weight.shape)
+        dense = model.get_submodule(name).weight
+        shape = tuple(dense.shape)
         if (layer.weight.shape[0], layer.in_features) != shape:
             raise ValueError(f"{name}: the .gguf file holds [{layer.weight.shape[0]}, {layer.in_features}] where the "
                              f"model folder has {list(shape)}; they are not the same model")
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, layer)
+        setattr(model.get_submodule(parent), child, layer.to(dense.device))   # blocks are made on the CPU
 
 
 def fill_random(model: LlamaForCausalLM, seed: int) -> None:

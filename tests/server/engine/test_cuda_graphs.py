@@ -185,3 +185,30 @@ def test_cuda_graphs_give_the_eager_tokens(name, kv_dtype):
     runs = count_runs(graphed.runner.graphs)
     assert generate(graphed, prompts, max_tokens) == expected
     assert len(runs) >= 10
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton weight kernel needs a GPU")
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_weights_in_cuda_graphs_give_the_dense_dequantized_tokens(quantization):
+    """Q8_0 / Q4_1 layers (Triton, captured in the decode graphs) against the same blocks widened once into dense fp32
+    nn.Linear layers, run eagerly: fp32 activations, so both sides compute the same products."""
+    from strata.models.compact_linear import CompactLinear
+
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (5, 17, 30, 9, 2, 64)]
+    max_tokens = [20, 9, 7, 5, 3, 16]
+    settings = dict(model=None, load_format="dummy", model_config="tiny-llama", dtype="fp32", block_size=8,
+                    max_num_seqs=8, max_model_len=256, kv_cache_memory="16MiB", device="cuda",
+                    quantization=quantization, enable_prefix_caching=False)
+    dense = LLMEngine(EngineConfig(**settings, enforce_eager=True))
+    compact = [(name, m) for name, m in dense.model.named_modules() if isinstance(m, CompactLinear)]
+    assert len(compact) == 1 + 4 * len(dense.model.model.layers)
+    for name, layer in compact:
+        linear = torch.nn.Linear(layer.in_features, layer.weight.shape[0], bias=False, device="cuda")
+        linear.weight.data = layer.unpacked_weight()
+        parent, _, child = name.rpartition(".")
+        setattr(dense.model.get_submodule(parent), child, linear)
+    graphed = LLMEngine(EngineConfig(**settings))
+    assert graphed.runner.graphs is not None
+    assert generate(graphed, prompts, max_tokens) == generate(dense, prompts, max_tokens)
