@@ -14,11 +14,13 @@ from dataclasses import astuple
 from pathlib import Path
 
 import torch
+import triton
 
-from strata.kernels.triton.weight_linear import GROUP, TileConfig, linear, pick_config
+from strata.kernels.triton.weight_linear import GROUP, TileConfig, k_splits, linear, pick_config
 from strata.models.named_shapes import hf_config_for
 
-SWEEP = [TileConfig(16, n, k, 4, 4) for n in (16, 32, 64) for k in (64, 128, 256)]     # decode tiles
+# decode tiles, each with K splits picked for the GPU's size and without
+SWEEP = [TileConfig(16, n, k, 4, 4, split) for n in (16, 32, 64) for k in (64, 128, 256) for split in (None, 1)]
 
 
 def layer_shapes(name: str) -> dict[str, tuple[int, int]]:
@@ -81,7 +83,10 @@ def measure(model: str, layer: str, out_features: int, in_features: int, rows: i
         del reference, out
         entry[f"{format}_ms"] = time_kernel(x, format, blocks)
         entry[f"{format}_speedup_vs_bf16"] = entry["cublas_bf16_ms"] / entry[f"{format}_ms"]
-        entry[f"{format}_config"] = astuple(pick_config(rows))
+        config = pick_config(rows)
+        entry[f"{format}_config"] = astuple(config)
+        entry[f"{format}_splits"] = k_splits(config, triton.cdiv(out_features, config.block_n) *
+                                             triton.cdiv(rows, config.block_m), in_features, device)
         if sweep:
             timed = {astuple(c): time_kernel(x, format, blocks, c) for c in SWEEP}
             best = min(timed, key=timed.get)
@@ -95,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
     parser.add_argument("--models", nargs="+", default=["Llama-3.2-1B", "Llama-3.1-8B"])
-    parser.add_argument("--rows", nargs="+", type=int, default=[1, 16, 64, 256, 2048])
+    parser.add_argument("--rows", nargs="+", type=int, default=[1, 16, 256, 2048])
     parser.add_argument("--sweep-rows", nargs="+", type=int, default=[1, 16],
                         help="row counts at which every tile config of the sweep is timed too")
     parser.add_argument("--budget-s", type=float, default=90.0, help="start no new measurement after this")

@@ -48,14 +48,16 @@ def test_matches_the_dequantized_matmul(block_type, dtype, rows, out_features, i
     assert error < TOLERANCE[dtype], (block_type.name, dtype, float(error))
 
 
-@pytest.mark.parametrize("config", [TileConfig(16, 16, 32), TileConfig(32, 64, 64, num_warps=2, num_stages=2)])
+@pytest.mark.parametrize("config", [TileConfig(16, 16, 32), TileConfig(32, 64, 64, num_warps=2, num_stages=2),
+                                    TileConfig(16, 32, 64, split_k=3), TileConfig(16, 16, 32, split_k=7)])
 def test_every_tile_config_gives_the_same_product(config):
-    """The benchmark sweeps tile configs: each must compute the same thing, over leading batch dimensions too."""
-    layer, reference_weight = quantized(Q.Q4_1, 48, 128, seed=7)
-    x = torch.randn(2, 3, 128, generator=torch.Generator().manual_seed(1))
-    out = linear(x.to(DEVICE), layer.format, layer.weight, layer.scales, layer.mins, 128, config)
+    """The benchmark sweeps tile configs: each must compute the same thing, over leading batch dimensions too; K
+    splits (fp32 partials summed after) include uneven ones (224 columns in 3 splits of 128 / 96, or 7 of 32)."""
+    layer, reference_weight = quantized(Q.Q4_1, 48, 224, seed=7)
+    x = torch.randn(2, 3, 224, generator=torch.Generator().manual_seed(1))
+    out = linear(x.to(DEVICE), layer.format, layer.weight, layer.scales, layer.mins, 224, config)
     expected = x.double() @ reference_weight.T
-    assert out.shape == (2, 3, 48)
+    assert out.shape == (2, 3, 48) and out.dtype == x.dtype
     assert torch.allclose(out.cpu().double(), expected, rtol=0, atol=1e-5 * float(expected.abs().max()))
 
 
