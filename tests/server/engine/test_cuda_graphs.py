@@ -187,28 +187,58 @@ def test_cuda_graphs_give_the_eager_tokens(name, kv_dtype):
     assert len(runs) >= 10
 
 
+def swap_linears(engine: LLMEngine, make) -> None:
+    """Replace every nn.Linear-like layer of the engine's model (lm_head included) by make(layer)."""
+    from strata.models.compact_linear import CompactLinear
+
+    targets = [(name, m) for name, m in engine.model.named_modules() if isinstance(m, torch.nn.Linear | CompactLinear)]
+    assert len(targets) == 1 + 4 * len(engine.model.model.layers)
+    for name, layer in targets:
+        parent, _, child = name.rpartition(".")
+        setattr(engine.model.get_submodule(parent), child, make(layer))
+
+
+def compact_and_dense_engines(quantization: str) -> tuple[LLMEngine, LLMEngine]:
+    """Two eager CUDA engines of the same dummy weights: one with Q8_0 / Q4_1 CompactLinear layers (the Triton
+    kernel), one with those blocks widened once into dense fp32 nn.Linear layers. fp32 activations: both compute the
+    same products. Built by swapping layers in, since --quantization refuses CUDA until the graph case below passes."""
+    from strata.models.compact_linear import CompactLinear
+
+    settings = dict(model=None, load_format="dummy", model_config="tiny-llama", dtype="fp32", block_size=8,
+                    max_num_seqs=8, max_model_len=256, kv_cache_memory="16MiB", device="cuda",
+                    enable_prefix_caching=False, enforce_eager=True)
+    compact, dense = LLMEngine(EngineConfig(**settings)), LLMEngine(EngineConfig(**settings))
+    swap_linears(compact, lambda layer: CompactLinear.from_linear(layer, quantization).to("cuda"))
+    layers = dict(compact.model.named_modules())
+
+    def widened(layer: torch.nn.Linear) -> torch.nn.Linear:
+        name = next(n for n, m in dense.model.named_modules() if m is layer)
+        layer.weight.data = layers[name].unpacked_weight()
+        return layer
+
+    swap_linears(dense, widened)
+    return compact, dense
+
+
+PROMPTS = [[random.Random(11 + n).randrange(3, 512) for _ in range(n)] for n in (5, 17, 30, 9, 2, 64)]
+MAX_TOKENS = [20, 9, 7, 5, 3, 16]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton weight kernel needs a GPU")
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
-def test_quantized_weights_in_cuda_graphs_give_the_dense_dequantized_tokens(quantization):
-    """Q8_0 / Q4_1 layers (Triton, captured in the decode graphs) against the same blocks widened once into dense fp32
-    nn.Linear layers, run eagerly: fp32 activations, so both sides compute the same products."""
-    from strata.models.compact_linear import CompactLinear
+def test_quantized_weights_eagerly_give_the_dense_dequantized_tokens(quantization):
+    compact, dense = compact_and_dense_engines(quantization)
+    assert generate(compact, PROMPTS, MAX_TOKENS) == generate(dense, PROMPTS, MAX_TOKENS)
 
-    rng = random.Random(11)
-    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (5, 17, 30, 9, 2, 64)]
-    max_tokens = [20, 9, 7, 5, 3, 16]
-    settings = dict(model=None, load_format="dummy", model_config="tiny-llama", dtype="fp32", block_size=8,
-                    max_num_seqs=8, max_model_len=256, kv_cache_memory="16MiB", device="cuda",
-                    quantization=quantization, enable_prefix_caching=False)
-    dense = LLMEngine(EngineConfig(**settings, enforce_eager=True))
-    compact = [(name, m) for name, m in dense.model.named_modules() if isinstance(m, CompactLinear)]
-    assert len(compact) == 1 + 4 * len(dense.model.model.layers)
-    for name, layer in compact:
-        linear = torch.nn.Linear(layer.in_features, layer.weight.shape[0], bias=False, device="cuda")
-        linear.weight.data = layer.unpacked_weight()
-        parent, _, child = name.rpartition(".")
-        setattr(dense.model.get_submodule(parent), child, linear)
-    graphed = LLMEngine(EngineConfig(**settings))
-    assert graphed.runner.graphs is not None
-    assert generate(graphed, prompts, max_tokens) == generate(dense, prompts, max_tokens)
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton weight kernel needs a GPU")
+@pytest.mark.xfail(strict=True, reason="H200, 2026-12-04: with the Triton weight kernel captured in the decode graphs "
+                                       "every token after the first came out 0; cause not found yet")
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_weights_in_cuda_graphs_give_the_dense_dequantized_tokens(quantization):
+    compact, dense = compact_and_dense_engines(quantization)
+    graphs = attach_padded_path(compact)
+    graphs.capture()
+    assert generate(compact, PROMPTS, MAX_TOKENS) == generate(dense, PROMPTS, MAX_TOKENS)
