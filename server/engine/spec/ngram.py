@@ -23,3 +23,30 @@ def continuation(haystack: list[int] | np.ndarray, tail: list[int] | np.ndarray,
             start = int(hits[-1]) + n
             return haystack[start:start + num_tokens].tolist()
     return []
+
+
+class NgramIndex:
+    """Prompt lookup over one growing sequence without rescanning it: the latest successor position of each of its
+    n-grams (n = MIN_NGRAM..MAX_NGRAM), extended by the tokens appended since the last call. Rescanning a 600-token
+    sequence costs ~0.14 ms a step, 2 ms a step at 16 sequences; the index costs a few dictionary lookups.
+    Gives what continuation(tokens, tokens, k) gives."""
+
+    __slots__ = ("latest", "indexed")
+
+    def __init__(self) -> None:
+        self.latest: dict[tuple[int, ...], int] = {}
+        self.indexed = 0            # tokens whose n-grams ending just before them are in `latest`
+
+    def continuation(self, tokens: list[int], num_tokens: int) -> list[int]:
+        if len(tokens) < self.indexed:      # never expected (sequences only grow); start over rather than lie
+            self.latest.clear()
+            self.indexed = 0
+        for i in range(max(self.indexed, MIN_NGRAM), len(tokens)):
+            for n in range(MIN_NGRAM, min(MAX_NGRAM, i) + 1):
+                self.latest[tuple(tokens[i - n:i])] = i
+        self.indexed = len(tokens)
+        for n in range(min(MAX_NGRAM, len(tokens) - 1), MIN_NGRAM - 1, -1):
+            start = self.latest.get(tuple(tokens[-n:]))
+            if start is not None:
+                return tokens[start:start + num_tokens]
+        return []

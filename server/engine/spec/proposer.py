@@ -44,7 +44,7 @@ class DraftProposer:
         if k and "cache" in self.sources and seq.draft_candidates:
             best = (self._from_answers(seq, k), "cache")
         if k and "ngram" in self.sources and len(best[0]) < k:
-            found = continuation(seq.token_ids, seq.token_ids, k)
+            found = seq.spec.ngrams.continuation(seq.token_ids, k)
             if len(found) > len(best[0]):
                 best = (found, "ngram")
         return best if best[0] else ([], None)

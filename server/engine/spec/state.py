@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from strata.server.engine.spec.ngram import NgramIndex
+
 MAX_BACKOFF_STEPS = 32      # a request whose drafts keep failing still tries again at least this often
 
 
@@ -48,6 +50,7 @@ class DraftState:
     pause: int = 0              # decode steps to run without a draft
     acceptance: Acceptance = field(default_factory=Acceptance)
     by_source: dict[str, DraftStats] = field(default_factory=dict)
+    ngrams: NgramIndex = field(default_factory=NgramIndex)      # prompt lookup over the request's own tokens
 
     def count(self, source: str, one: DraftStats) -> None:
         self.by_source.setdefault(source, DraftStats()).add(one)

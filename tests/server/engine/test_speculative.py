@@ -13,7 +13,7 @@ from strata.server.engine.llm_engine import LLMEngine
 from strata.server.engine.sampling_params import SamplingParams
 from strata.server.engine.sequence import Sequence
 from strata.server.engine.spec.cost import StepCost
-from strata.server.engine.spec.ngram import continuation
+from strata.server.engine.spec.ngram import NgramIndex, continuation
 from strata.server.engine.spec.proposer import DraftProposer
 from strata.server.engine.spec.state import DraftState
 
@@ -287,6 +287,17 @@ def test_prompt_lookup_finds_the_latest_continuation():
     assert continuation([1, 2], [1, 2], 3) == []                          # its own tail never matches
     assert continuation([5, 6, 7, 8], [0, 6, 7], 2) == [8]                # in another text (a cached answer)
     assert continuation([5, 6, 7, 8], [0, 0, 7], 2) == []                 # one shared token is not a match
+
+
+def test_the_incremental_index_gives_the_rescan_s_continuation_at_every_length():
+    """A sequence grown one token (or a few) at a time over a small vocabulary, so matches of every length occur."""
+    rng = random.Random(4)
+    for trial in range(20):
+        tokens, index = [], NgramIndex()
+        while len(tokens) < 300:
+            tokens += [rng.randrange(6 if trial % 2 else 3) for _ in range(rng.choice([1, 1, 1, 3]))]
+            k = rng.randrange(1, 6)
+            assert index.continuation(tokens, k) == continuation(tokens, tokens, k), (trial, len(tokens))
 
 
 def test_drafts_that_keep_failing_are_paused_longer_and_longer():
