@@ -127,12 +127,13 @@ def run_spec_bench(config: EngineConfig, batch_sizes: tuple[int, ...] = (1, 4, 1
         rows = {}
         for batch in batch_sizes:
             batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
-            best = {}
+            best, rates = {}, {"off": [], "on": []}
             for _ in range(repeats):
                 for side in ("off", "on"):
                     drafter = DraftProposer((source,), config.num_speculative_tokens, engine.max_model_len,
                                             config.speculative_policy) if side == "on" else None
                     outs, seconds, decoded = run(engine, batch_prompts, params, drafter, answers)
+                    rates[side].append(decoded / seconds)
                     if side not in best or seconds < best[side][1]:
                         best[side] = (outs, seconds, decoded, drafter)
             (plain, t_off, n_off, _), (drafted, t_on, n_on, drafter) = best["off"], best["on"]
@@ -142,6 +143,8 @@ def run_spec_bench(config: EngineConfig, batch_sizes: tuple[int, ...] = (1, 4, 1
             rows[str(batch)] = {
                 "decode_tok_s_off": round(n_off / t_off, 2), "decode_tok_s_on": round(n_on / t_on, 2),
                 "speedup": round((n_on / t_on) / (n_off / t_off), 3),
+                # each repeat's on / off pair (run back to back): how far one pair alone could be off on a busy host
+                "speedup_per_repeat": [round(on / off, 3) for off, on in zip(rates["off"], rates["on"], strict=True)],
                 "itl_ms_off": round(1000 * t_off * batch / n_off, 2), "itl_ms_on": round(1000 * t_on * batch / n_on, 2),
                 "output_tokens": sum(len(o.token_ids) for o in plain), "identical": equal / len(plain),
                 "acceptance": round(stats.accepted_tokens / stats.proposed_tokens, 3) if stats.proposed_tokens else 0.0,
