@@ -7,12 +7,15 @@ a line fitted to (rows, seconds) prices one more row.
 from dataclasses import dataclass
 
 MIN_SPREAD = 0.5        # rows' variance below which the slope is not re-fitted (all steps the same size)
+EXPLORE_EVERY = 3       # once steps keep coming in one size with the price unknown, every third verifies no draft:
+ONE_SIZE_STEPS = 4      # a step-token cap that every step fills would otherwise keep the price unknown for good
 
 
 @dataclass(slots=True)
 class StepCost:
     """Seconds of a decode step as fixed + per_row * rows, fitted to recent steps with exponential forgetting.
-    Until steps of different sizes have been seen the per-row cost is unknown (None) and every draft is kept."""
+    Until steps of different sizes have been seen the per-row cost is unknown (None) and every draft is kept; once
+    ONE_SIZE_STEPS observed steps had one size, every EXPLORE_EVERY-th step verifies none so that sizes differ."""
 
     decay: float = 0.97
     fixed: float = 0.0
@@ -22,6 +25,8 @@ class StepCost:
     _y: float = 0.0
     _xx: float = 0.0
     _xy: float = 0.0
+    _one_size_steps: int = 0    # steps observed while the price was unknown (all of one size, or it would be known)
+    _unpriced_keeps: int = 0
 
     def observe(self, rows: int, seconds: float) -> None:
         d = self.decay
@@ -34,6 +39,8 @@ class StepCost:
         var = self._xx / self._w - mean_x * mean_x
         if var >= MIN_SPREAD:           # else keep the last slope: a steady batch says nothing new about it
             self.per_row = max(0.0, (self._xy / self._w - mean_x * mean_y) / var)
+        elif self.per_row is None:
+            self._one_size_steps += 1
         if self.per_row is not None:
             self.fixed = max(0.0, mean_y - self.per_row * mean_x)
 
@@ -43,7 +50,9 @@ class StepCost:
         accepted with probability acceptance**j; tokens are taken most likely first while each raises the expected
         tokens per second of the step: p * (fixed + per_row * rows) > per_row * expected tokens."""
         if self.per_row is None:
-            return [n for _, n in drafts]
+            self._unpriced_keeps += 1
+            explore = self._one_size_steps >= ONE_SIZE_STEPS and self._unpriced_keeps % EXPLORE_EVERY == 0
+            return [0 if explore else n for _, n in drafts]
         candidates = sorted(((alpha ** j, i) for i, (alpha, n) in enumerate(drafts) for j in range(1, n + 1)),
                             reverse=True)
         kept, expected = [0] * len(drafts), float(sampled)

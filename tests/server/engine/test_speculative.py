@@ -338,7 +338,9 @@ def test_step_cost_is_fitted_from_steps_of_different_sizes():
     for _ in range(5):
         cost.observe(4, 0.05)
     assert cost.per_row is None                     # one step size says nothing about a row's price
-    assert cost.keep(4, 4, [(0.1, 5)]) == [5]       # unknown: every draft is tried
+    kept = [cost.keep(4, 4, [(0.1, 5), (0.9, 2)]) for _ in range(6)]
+    assert kept == [[5, 2], [5, 2], [0, 0]] * 2     # unknown after steps of one size: every third step tries none
+    assert StepCost().keep(4, 4, [(0.1, 5)]) == [5]     # nothing observed yet: every draft is tried
     rng = random.Random(0)
     for _ in range(200):
         rows = rng.randrange(1, 40)
@@ -347,6 +349,18 @@ def test_step_cost_is_fitted_from_steps_of_different_sizes():
     for _ in range(200):                            # a steady batch afterwards keeps the slope it learned
         cost.observe(16, 0.062)
     assert cost.per_row == pytest.approx(0.002, rel=0.05)
+
+
+def test_a_step_cap_that_every_step_fills_still_lets_the_price_be_learned():
+    """Drafts capped at 32 rows a step at 16 sequences: without the steps that verify no draft, every observed step
+    would have 32 rows and the price of a row would stay unknown, so every draft would be kept (seen at batch 16)."""
+    cost = StepCost()
+    for _ in range(12):
+        kept = cost.keep(16, 16, [(0.8, 5)] * 12)
+        rows = min(32, 16 + sum(kept))
+        cost.observe(rows, 0.0027 * rows)          # compute-bound: no fixed part, 2.7 ms a row
+    assert cost.per_row == pytest.approx(0.0027, rel=0.01)
+    assert cost.keep(16, 16, [(0.8, 5)] * 12) == [0] * 12     # at 2.7 ms a row and no fixed cost nothing pays
 
 
 class PricedByTheTest(StepCost):
