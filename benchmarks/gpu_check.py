@@ -211,8 +211,9 @@ def run_hf(report: Report, args: argparse.Namespace, name: str, bandwidth: float
 
 
 def run(args: argparse.Namespace) -> None:
-    """Per model: Strata with the first KV dtype, then HF (the like-for-like pair), then the other KV dtypes, then
-    quantized weights, so a run cut short by the budget loses the least comparable results first."""
+    """Every model's like-for-like pair first (Strata with the first KV dtype, then HF), then the other KV dtypes,
+    then quantized weights, so a run cut short by the budget loses the least comparable results first (the first
+    H200 run spent its budget on Llama-3.2-1B's extras and never reached Llama-3.1-8B)."""
     device = torch.device("cuda")
     deadline = time.monotonic() + args.budget_s
     bandwidth = copy_bandwidth(device)
@@ -225,11 +226,12 @@ def run(args: argparse.Namespace) -> None:
     for name in args.models:
         run_strata(report, args, name, first, bandwidth, deadline)
         run_hf(report, args, name, bandwidth, deadline)
+    for name in args.models:
         for kv_dtype in others:
             run_strata(report, args, name, kv_dtype, bandwidth, deadline)
-        if name in args.quantized_models:
-            for quantization in args.quantizations:
-                run_strata(report, args, name, first, bandwidth, deadline, quantization)
+    for name in (m for m in args.models if m in args.quantized_models):
+        for quantization in args.quantizations:
+            run_strata(report, args, name, first, bandwidth, deadline, quantization)
 
 
 def main() -> None:

@@ -29,8 +29,11 @@ import triton
 print(f"gpu_check: {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
 PY
 
-# The sm_90 compile-only test is left out: here the kernels really run.
-timeout 150 "$PYTHON" -m pytest -q -p no:cacheprovider tests/kernels/test_triton_kernels.py \
+# The sm_90 compile-only test is left out: here the kernels really run. Compiling each kernel variant takes about a
+# second and the first H200 run's 150 s got through 71 cases on one process: pytest-xdist spreads them where present.
+parallel=()
+if "$PYTHON" -c "import xdist" 2>/dev/null; then parallel=(-n 8); fi
+timeout 150 "$PYTHON" -m pytest -q -p no:cacheprovider "${parallel[@]}" tests/kernels/test_triton_kernels.py \
     tests/kernels/test_triton_weight_linear.py tests/server/engine/test_cuda_graphs.py \
     -k "not compiles_without_spills" --junitxml "$OUT/gpu_kernel_tests.xml"
 tests_rc=$?
