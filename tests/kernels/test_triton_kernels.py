@@ -14,15 +14,14 @@ import torch
 
 pytest.importorskip("triton")
 
+from helpers.triton_device import DEVICE, INTERPRET, needs_triton_device  # noqa: E402
+
 from strata.cache.kv.storage import KVLayout, KVStorage  # noqa: E402
 from strata.kernels import AttentionMetadata, get_backend, torch_reference  # noqa: E402
 from strata.kernels.triton.attention_backend import BACKEND  # noqa: E402
 from strata.kernels.triton.decode import paged_decode_attention  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = torch.device("cpu" if INTERPRET else "cuda")
-pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
-                                reason="Triton needs CUDA, or TRITON_INTERPRET=1 for the CPU interpreter")
+pytestmark = needs_triton_device
 
 NUM_KV_HEADS = 2
 NUM_BLOCKS = 48
@@ -190,6 +189,8 @@ def test_cuda_build_compiles_without_spills():
     Triton's own LLVM and the ptxas in its wheel: no GPU needed. Catches what the interpreter lets through (dot
     shapes, broadcasting in builtins, types) and register spills."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    tests = str(Path(__file__).parents[1])        # the script imports `helpers`, as pytest's pythonpath lets tests do
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (tests, env.get("PYTHONPATH")) if p)
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert done.stdout.count("0 bytes spill stores") == 5 * len(SM90_BUILDS), done.stdout

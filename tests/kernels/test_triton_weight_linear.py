@@ -3,8 +3,6 @@
 Runs on CPU under TRITON_INTERPRET=1 (set by conftest), or on CUDA when TRITON_INTERPRET=0 (benchmarks/gpu_check.sh).
 """
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -13,13 +11,12 @@ from gguf import quants
 
 pytest.importorskip("triton")
 
+from helpers.triton_device import DEVICE, needs_triton_device  # noqa: E402
+
 from strata.kernels.triton.weight_linear import TileConfig, linear  # noqa: E402
 from strata.models.compact_linear import CompactLinear  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = torch.device("cpu" if INTERPRET else "cuda")
-pytestmark = pytest.mark.skipif(not INTERPRET and not torch.cuda.is_available(),
-                                reason="Triton needs CUDA, or TRITON_INTERPRET=1 for the CPU interpreter")
+pytestmark = needs_triton_device
 # activation dtype -> max error relative to the output's largest value (bf16/fp16 round the widened weights)
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 
