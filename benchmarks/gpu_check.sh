@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # GPU check (< 9 min on an H200): the Triton kernel and CUDA-graph tests on CUDA, the W8A16 / W4A16 weight kernel
 # vs cuBLAS bf16 per layer shape, then decode tok/s of our engine (CUDA graphs, and eager as with --enforce-eager) vs
-# HF transformers on dummy Llama-3.2-1B / Llama-3.1-8B shapes, as a fraction of the memory-bandwidth floor, and
-# with Q8_0 / Q4_1 weights.
+# HF transformers on dummy Llama-3.2-1B / Llama-3.1-8B shapes, as a fraction of the memory-bandwidth floor.
 # Writes $OUT/gpu_kernel_tests.xml, $OUT/gpu_weight_linear.json and $OUT/gpu_check.json (OUT defaults to
 # benchmarks/results).
 set -uo pipefail

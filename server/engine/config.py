@@ -27,7 +27,7 @@ class EngineConfig:
     model_config: str | None = None  # named model shape for dummy weights (e.g. llama-3.2-1b)
     tokenizer: str | None = None  # tokenizer folder; none = the model's (dummy weights: the default model's)
     dtype: str = "auto"  # weights and activations: auto (bf16 on CUDA; on CPUs with AVX512_BF16 bf16 weights and dot products with fp32 activations, else fp32 math over fp16 weights) | fp32 | bf16 | fp16
-    quantization: str = "auto"  # weights kept compact (CPU): auto (what --dtype picks) | none | f16 | bf16 (CPU: bf16 dot products) | int8 (Q8_0) | int4 (Q4_1; lm_head Q8_0) | gguf (the folder's .gguf blocks as stored)
+    quantization: str = "auto"  # weights kept compact (CPU): auto (what --dtype picks) | none | f16 | bf16 (bf16 dot products) | int8 (Q8_0) | int4 (Q4_1; lm_head Q8_0) | gguf (the folder's .gguf blocks as stored)
     kv_dtype: str = "auto"  # KV cache: auto (= dtype) | fp32 | bf16 | fp16 | int8 (a scale per token and KV head)
     block_size: int = 16  # tokens per KV block (8, 16, 32, 64 or 128)
     kv_cache_memory: str = "auto"  # KV pool: bytes ("2GiB") or a fraction of free memory ("0.5"); auto: see kv_cache_bytes
