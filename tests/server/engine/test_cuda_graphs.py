@@ -188,14 +188,14 @@ def test_cuda_graphs_give_the_eager_tokens(name, kv_dtype):
 
 
 def swap_linears(engine: LLMEngine, make) -> None:
-    """Replace every nn.Linear-like layer of the engine's model (lm_head included) by make(layer)."""
+    """Replace every nn.Linear-like layer of the engine's model (lm_head included) by make(name, layer)."""
     from strata.models.compact_linear import CompactLinear
 
     targets = [(name, m) for name, m in engine.model.named_modules() if isinstance(m, torch.nn.Linear | CompactLinear)]
     assert len(targets) == 1 + 4 * len(engine.model.model.layers)
     for name, layer in targets:
         parent, _, child = name.rpartition(".")
-        setattr(engine.model.get_submodule(parent), child, make(layer))
+        setattr(engine.model.get_submodule(parent), child, make(name, layer))
 
 
 def compact_and_dense_engines(quantization: str) -> tuple[LLMEngine, LLMEngine]:
@@ -208,11 +208,10 @@ def compact_and_dense_engines(quantization: str) -> tuple[LLMEngine, LLMEngine]:
                     max_num_seqs=8, max_model_len=256, kv_cache_memory="16MiB", device="cuda",
                     enable_prefix_caching=False, enforce_eager=True)
     compact, dense = LLMEngine(EngineConfig(**settings)), LLMEngine(EngineConfig(**settings))
-    swap_linears(compact, lambda layer: CompactLinear.from_linear(layer, quantization).to("cuda"))
+    swap_linears(compact, lambda name, layer: CompactLinear.from_linear(layer, quantization).to("cuda"))
     layers = dict(compact.model.named_modules())
 
-    def widened(layer: torch.nn.Linear) -> torch.nn.Linear:
-        name = next(n for n, m in dense.model.named_modules() if m is layer)
+    def widened(name: str, layer: torch.nn.Linear) -> torch.nn.Linear:
         layer.weight.data = layers[name].unpacked_weight()
         return layer
 
