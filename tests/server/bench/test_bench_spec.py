@@ -18,3 +18,5 @@ def test_spec_bench_reports_each_workload_and_identical_outputs(tiny_chat_engine
         for row in workload["batches"].values():
             assert len(row["speedup_per_repeat"]) == 2 and all(r > 0 for r in row["speedup_per_repeat"])
             assert row["output_tokens"] > 0 and row["identical"] == 1.0
+        # batch 1 runs every prompt, one at a time; batch 3 runs one group of 3 (the 2 prompts and a repeat)
+        assert workload["batches"]["1"]["requests"] == 2 and workload["batches"]["3"]["requests"] == 3
