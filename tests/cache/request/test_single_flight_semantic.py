@@ -74,7 +74,7 @@ def test_another_story_number_never_waits_for_the_pending_one(e5):
 
 @pytest.mark.parametrize("first,second", [
     ("How do I reverse a list in Python?", "How can I reverse a list in Python?"),
-    ("How do I reverse a list in Python", "how to reverse a python list"),
+    ("What is the largest ocean on Earth?", "Which ocean is the largest on Earth?"),
 ])
 def test_a_paraphrase_waits_for_the_pending_question_and_says_its_tier(e5, first, second):
     cache = make(semantic=e5)
