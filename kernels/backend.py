@@ -99,8 +99,9 @@ def fastest_cpu_weights() -> WeightChoice:
     isa = torch.backends.cpu.get_cpu_capability()
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         if weight_kernel_builds() and weight_linear.native_bf16():
+            prefill = "; prefill on AMX tiles (oneDNN)" if weight_linear.AMX else ""
             return WeightChoice(torch.float32, "bf16", f"{isa} with native bf16: bf16 weights and dot products, "
-                                                       "fp32 activations (C++ kernel)")
+                                                       f"fp32 activations (C++ kernel){prefill}")
         return WeightChoice(torch.bfloat16, "none", f"{isa} with native bf16: bf16 weights and math (oneDNN)")
     if weight_kernel_builds():
         return WeightChoice(torch.float32, "f16", f"{isa} without native bf16: fp16 weights, fp32 math (C++ kernel)")

@@ -3,7 +3,9 @@ Q4_0/Q4_1). bf16 weights multiply activations rounded to bf16 (AVX512_BF16 dot p
 Q8_0 blocks then use too); the other formats multiply in fp32.
 
 Small batches (decode) run the C++ kernel, which widens each weight row in cache; large ones (prefill) widen the whole
-weight once and hand it to BLAS, which is faster when many activation rows share the weight.
+weight once and hand it to BLAS, which is faster when many activation rows share the weight. bf16 weights on a CPU
+with AMX tiles skip the widening: oneDNN multiplies them as they are on AMX, 3-4x faster than fp32 BLAS at 64-256
+rows (benchmarks/results/cpu_profile/amx_prefill.json), its outputs rounded to bf16.
 """
 
 import torch
@@ -15,6 +17,7 @@ FORMATS = {"f16": 0, "q8": 1, "q4": 2, "bf16": 3}
 # 2-core EPYC for SmolLM2-135M's shapes; see benchmarks/results/cpu_profile).
 KERNEL_MAX_ROWS = 32
 _EMPTY = torch.empty(0)     # the scales / mins argument of formats without them
+AMX = torch.cpu._is_amx_tile_supported()       # bf16 prefill on AMX tiles (oneDNN) instead of widening to fp32
 
 
 def load():
@@ -33,6 +36,8 @@ def linear(x: torch.Tensor, format: str, weight: torch.Tensor, scales: torch.Ten
     rows = x.reshape(-1, in_features).float().contiguous()
     if rows.shape[0] <= KERNEL_MAX_ROWS:
         out = kernels.linear(rows, weight, scales, mins, code, in_features)
+    elif format == "bf16" and AMX:
+        out = torch.nn.functional.linear(rows.bfloat16(), weight).float()
     else:
         if format == "bf16":
             rows = rows.bfloat16().float()      # the rounding the kernel applies, so prefill and decode agree

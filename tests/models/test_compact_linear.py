@@ -88,9 +88,13 @@ def test_a_row_gets_the_same_bits_whatever_it_is_batched_with(weight_format):
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
 
 
-def test_bf16_weights_multiply_bf16_rounded_activations_in_both_paths():
-    """The kernel (AVX512_BF16 dot products, or the fp32 fallback) and the prefill path (BLAS over the widened weight)
-    both compute bf16 weights times activations rounded to bf16, summed in fp32."""
+@pytest.mark.parametrize("amx", [False, True])
+def test_bf16_weights_multiply_bf16_rounded_activations_in_both_paths(monkeypatch, amx):
+    """The kernel (AVX512_BF16 dot products, or the fp32 fallback) and the prefill path (BLAS over the widened weight,
+    or oneDNN's bf16 matmul where the CPU has AMX) both compute bf16 weights times activations rounded to bf16, summed
+    in fp32; the AMX path rounds its outputs to bf16 (one bf16 step: 2**-8 relative). oneDNN's bf16 matmul runs on
+    any CPU, so both sides are checked everywhere."""
+    monkeypatch.setattr(weight_linear, "AMX", amx)
     torch.manual_seed(2)
     linear = nn.Linear(576, 130, bias=True).requires_grad_(False)
     layer = CompactLinear.from_linear(linear, "bf16")
@@ -98,7 +102,12 @@ def test_bf16_weights_multiply_bf16_rounded_activations_in_both_paths():
     assert torch.equal(layer.unpacked_weight(), linear.weight.bfloat16().float())
     for rows in (1, 2, 3, 5, 17, weight_linear.KERNEL_MAX_ROWS + 7):
         x = torch.randn(rows, 576)
-        torch.testing.assert_close(layer(x).double(), kernel_reference(layer, x), rtol=1e-5, atol=1e-5)
+        want = kernel_reference(layer, x)
+        if amx and rows > weight_linear.KERNEL_MAX_ROWS:        # rounded before the bias is added
+            product = want - linear.bias.double()
+            assert ((layer(x).double() - want).abs() <= 2 ** -8 * product.abs() + 1e-5).all()
+        else:
+            torch.testing.assert_close(layer(x).double(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_compact_weights_are_refused_on_cuda_with_the_reason():
