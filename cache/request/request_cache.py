@@ -570,13 +570,15 @@ class RequestCache:
 
     def resync(self) -> None:
         """Events may have been missed (start, outage, gap): forget the in-process layer, rebuild the index from
-        the store (SCAN), under the write lock so that no write lands between the scan and the cleanup."""
+        the store (SCAN), under the write lock so that no write lands between the scan and the cleanup. The store
+        answered the flush and the scan, so the outage's faults no longer make health() "degraded"."""
         with self.write_lock:
             self.exact.memory.clear()
             if self.semantic is not None:
                 seen = self._index_stored()
                 for entry_id in set(self.semantic.ids()) - seen:
                     self.semantic.remove(entry_id)
+        self.faults.resolved()
 
     def _remove(self, entry_ids) -> int:
         entry_ids = list(entry_ids)

@@ -61,6 +61,12 @@ class StoreFaults:
             more = f" (+{held} more since the last line)" if held else ""
             log.warning("request-cache store fault, served as a miss: %s%s", message, more)
 
+    def resolved(self) -> None:
+        """The store just proved itself end to end (a shared store's resync after an outage): the faults before now
+        are over, so health() stops saying "degraded" for them. The counter and the latest message stay."""
+        with self.lock:
+            self.times.clear()
+
     def recent(self) -> int:
         """How many faults happened in the last recent_s."""
         now = self.clock()

@@ -184,6 +184,7 @@ def test_redis_down_serves_from_memory_queues_writes_and_catches_up(url, server)
         eventually(lambda: not a.stats()["redis"]["up"])
         link = a.stats()["redis"]
         assert (link["queue"], link["dropped"]) == (3, 2) and link["errors"] >= 1
+        a.faults.report("lookup", ConnectionError("refused"))   # what a lookup meets before the breaker opens
         health = a.health()
         assert health["status"] == "degraded" and "redis down" in health["reason"]
         server.start()
