@@ -219,6 +219,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales
                      int64_t format, int64_t K);
 torch::Tensor dequantize(torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, int64_t format, int64_t K);
 bool native_bf16();
+bool quantized_dot();
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
 void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
@@ -230,6 +231,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "x [M, K] fp32 @ compact weight [N, K].T -> [M, N] fp32");
   m.def("dequantize", &dequantize, "compact weight -> fp32 [N, K]");
   m.def("native_bf16", &native_bf16, "whether bf16 weights run on AVX512_BF16 dot products");
+  m.def("quantized_dot", &quantized_dot, "whether Q8_0 / Q4 weights multiply Q8_0-quantized activations (int8 dots)");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row (fp32)");
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then RMSNorm of it (fp32)");
   m.def("rope_", &rope_, "rotary embedding in place, rotate-half convention (fp32)");

@@ -1,9 +1,9 @@
 // Linear layers whose weights stay in a compact format: fp16, or GGUF-style blocks of 32 (Q8_0: int8 and a scale;
 // Q4_0 / Q4_1: 4-bit codes, a scale and a minimum): fp32 activations and math. Or bf16 weights against activations
 // rounded to bf16, products summed in fp32: AVX512_BF16's dot product, twice the multiply-adds per instruction of
-// fp32, where the CPU has it (the same rounding, summed in fp32 FMAs, where it does not). Where it has it, Q8_0 runs
-// that way too: each block widened and scaled in fp32, rounded to bf16, then the same dot product (at 16 sequences
-// the linears of a SmolLM2 step take 30 ms instead of 42 in fp32 FMAs; at one they read the same bytes).
+// fp32, where the CPU has it (the same rounding, summed in fp32 FMAs, where it does not). Q8_0 and Q4 weights at
+// decode batches multiply activations quantized to Q8_0 blocks as llama.cpp does: integer dot products summed exactly
+// per block (AVX-512 VNNI, AVX-VNNI or AVX2), each block's sum scaled in fp32.
 //
 // Why: a decode step reads every weight once per token, so at small batches the step time is the bytes read. Here a
 // weight row is widened to fp32 right before use and never written back to memory as fp32: fp16 and Q8_0 rows in
@@ -257,20 +257,6 @@ struct BF16Rows {
   __m512bh operator()(int64_t n, int64_t k) const { return (__m512bh)_mm512_loadu_si512(w + n * K + k); }
 };
 
-// A Q8_0 block as bf16: each code times its scale in fp32, as widen_row does, then rounded to bf16.
-struct Q8AsBF16Rows {
-  static constexpr int64_t kBytes = 1;
-  const int8_t* w;
-  const float* scales;
-  int64_t K;
-  const char* address(int64_t n, int64_t k) const { return reinterpret_cast<const char*>(w + n * K + k); }
-  __m512bh operator()(int64_t n, int64_t k) const {
-    const int8_t* q = w + n * K + k;
-    const float d = scales[n * (K / kGroup) + k / kGroup];
-    return _mm512_cvtne2ps_pbh(vscale(vwiden(q + 16), d), vscale(vwiden(q), d));
-  }
-};
-
 template <int64_t MR, bool Prefetch, typename Rows>
 inline void fold_bf16_row(const Rows& rows, const uint16_t* x, int64_t K, float* out, int64_t N, int64_t n) {
   constexpr int64_t line_values = kLineBytes / Rows::kBytes;
@@ -284,8 +270,7 @@ inline void fold_bf16_row(const Rows& rows, const uint16_t* x, int64_t K, float*
   for (int64_t i = 0; i < MR; ++i) out[i * N + n] = vsum(a[i]);
 }
 
-// 8 activation rows per pass over a weight row: a Q8_0 block is widened once for 8 (at 4, the widening cost Q8_0
-// 17-19% more at 8-16 rows; bf16 rows, a plain load, were equal; 16 accumulators spilled).
+// 8 activation rows per pass over a weight row (bf16 rows, a plain load, ran equal at 4; 16 accumulators spilled).
 constexpr int64_t kBF16MaxRowsPerPass = 8;
 template <bool P, typename Rows>
 void fold_bf16(const Rows& rows, const uint16_t* x, int64_t M, int64_t K, float* out, int64_t N, int64_t begin,
@@ -318,6 +303,189 @@ void stream_bf16(const Rows& rows, const uint16_t* x, int64_t M, int64_t K, floa
 }
 #else
 constexpr bool kNativeBF16 = false;
+#endif
+
+// Q8_0 and Q4 weights against activations quantized to Q8_0 blocks (llama.cpp's vec_dot_q8_0_q8_0 and
+// vec_dot_q4_1_q8_1): each block of 32 activations becomes int8 codes q and an fp32 scale d (max |x| / 127); each
+// block's 32 products of weight codes and q are summed exactly in int32 (VNNI's dpbusd, or AVX2's maddubs + madd),
+// and only the block sums are scaled and added in fp32. A Q4 block's minimum m_w adds m_w * d * sum(q), one dot
+// product of the row's minimums with the activations' block sums per output. A decode step then does a fraction of
+// the float work of widening every weight to fp32 (or bf16): at one sequence on the AMX Xeon the Q8_0 linears of a
+// SmolLM2 step read half the bytes of bf16 but took longer, the widening being the cost.
+constexpr float kInv127 = 1.0f / 127.0f;
+
+// Activations as Q8_0 blocks: codes q[m, k], scales d[m, k / 32] = max |x| * (1 / 127) with q = x / d rounded half to
+// even (what the tests' torch reference does, op for op), and d * sum(q) per block (Q4 minimums' term).
+struct QuantizedRows {
+  std::vector<int8_t> q;
+  std::vector<float> d, sum;
+  QuantizedRows(const float* x, int64_t M, int64_t K) : q(M * K), d(M * (K / kGroup)), sum(M * (K / kGroup)) {
+    for (int64_t b = 0; b < M * (K / kGroup); ++b) {
+      const float* v = x + b * kGroup;
+      float amax = 0.f;
+      for (int64_t j = 0; j < kGroup; ++j) amax = std::max(amax, std::abs(v[j]));
+      const float scale = amax * kInv127;
+      const float inverse = scale != 0.f ? 1.0f / scale : 0.f;
+      int32_t total = 0;
+      for (int64_t j = 0; j < kGroup; ++j) {
+        const int8_t code = static_cast<int8_t>(std::nearbyint(v[j] * inverse));
+        q[b * kGroup + j] = code;
+        total += code;
+      }
+      d[b] = scale;
+      sum[b] = scale * static_cast<float>(total);
+    }
+  }
+};
+
+#if defined(STRATA_VECTOR) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+// Two blocks per 512-bit vector: int32 lanes 0-7 hold block k's sums, 8-15 block k + 1's (zero for a lone last block).
+constexpr int64_t kQStep = 2 * kGroup;
+using QVec = __m512;
+using QInt = __m512i;
+inline QVec q_zero() { return _mm512_setzero_ps(); }
+inline float q_sum(QVec v) { return _mm512_reduce_add_ps(v); }
+inline QVec block_scales(const float* s, bool pair) {   // [s[0] x 8, s[1] x 8], or [s[0] x 8, 0 x 8]
+  return pair ? _mm512_insertf32x8(_mm512_set1_ps(s[0]), _mm256_set1_ps(s[1]), 1)
+              : _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(s[0]));
+}
+inline QInt load_codes(const int8_t* p, bool pair) {
+  return pair ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p);
+}
+inline QInt q_abs(QInt v) { return _mm512_abs_epi8(v); }
+inline QInt dot_u8_s8(QInt u, QInt s) { return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s); }
+inline QInt negate_where(QInt x, QInt w) {   // -x where w < 0 (x where w >= 0: |w| * that = w * x)
+  return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+}
+inline QInt nibbles(const uint8_t* p, bool pair) {   // two blocks' 16 code bytes -> 32 codes each, in value order
+  const __m256i bytes = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi8(0xFFFF, p);
+  const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F));
+  const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(0x0F));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(low, high, 0x20)),
+                            _mm256_permute2x128_si256(low, high, 0x31), 1);
+}
+inline QVec q_fold(QVec acc, QInt sums, QVec scale) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc); }
+inline QVec q_mul(QVec a, QVec b) { return _mm512_mul_ps(a, b); }
+#define STRATA_Q_DOT 1
+#elif defined(STRATA_VECTOR) && defined(__AVX2__)
+// One block per 256-bit vector.
+constexpr int64_t kQStep = kGroup;
+using QVec = __m256;
+using QInt = __m256i;
+inline QVec q_zero() { return _mm256_setzero_ps(); }
+inline float q_sum(QVec v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+inline QVec block_scales(const float* s, bool) { return _mm256_set1_ps(*s); }
+inline QInt load_codes(const int8_t* p, bool) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline QInt q_abs(QInt v) { return _mm256_abs_epi8(v); }
+inline QInt dot_u8_s8(QInt u, QInt s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else   // u * s in pairs fits int16 (at most 2 * 128 * 127), then pairs of those summed in int32
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+inline QInt negate_where(QInt x, QInt w) { return _mm256_sign_epi8(x, w); }   // also 0 where w = 0: |w| = 0 there
+inline QInt nibbles(const uint8_t* p, bool) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+  return _mm256_set_m128i(high, low);
+}
+inline QVec q_fold(QVec acc, QInt sums, QVec scale) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc); }
+inline QVec q_mul(QVec a, QVec b) { return _mm256_mul_ps(a, b); }
+#define STRATA_Q_DOT 1
+#endif
+
+#ifdef STRATA_Q_DOT
+// One or two Q8_0 weight blocks: |w| as unsigned bytes, the activations negated where w < 0.
+struct Q8Blocks {
+  static constexpr int64_t kBytesPer32 = 32;
+  QInt w, magnitude;
+  Q8Blocks(const void* p, bool pair)
+      : w(load_codes(static_cast<const int8_t*>(p), pair)), magnitude(q_abs(w)) {}
+  QInt sums(QInt x) const { return dot_u8_s8(magnitude, negate_where(x, w)); }
+};
+
+// One or two Q4 weight blocks: the 4-bit codes (0..15) as unsigned bytes.
+struct Q4Blocks {
+  static constexpr int64_t kBytesPer32 = 16;
+  QInt codes;
+  Q4Blocks(const void* p, bool pair) : codes(nibbles(static_cast<const uint8_t*>(p), pair)) {}
+  QInt sums(QInt x) const { return dot_u8_s8(codes, x); }
+};
+
+// Weight row n against MR quantized activation rows: per block the int32 sums, scaled by d_w * d_x, added in fp32
+// lanes by one explicit FMA (no contraction left to the compiler, which could differ between batch sizes); then Q4's
+// minimums term.
+template <typename Blocks, int64_t MR, bool Prefetch>
+inline void fold_quantized_row(const char* w, const float* ws, const float* wm, const QuantizedRows& x, int64_t m0,
+                               int64_t K, float* out, int64_t N, int64_t n) {
+  const int64_t groups = K / kGroup;
+  const int64_t row_bytes = K / kGroup * Blocks::kBytesPer32;
+  const char* row = w + n * row_bytes;
+  const float* row_scales = ws + n * groups;
+  QVec a[MR];
+  for (int64_t i = 0; i < MR; ++i) a[i] = q_zero();
+  for (int64_t k = 0; k < K; k += kQStep) {
+    const int64_t g = k / kGroup;
+    const char* at = row + g * Blocks::kBytesPer32;
+    if (Prefetch && (g * Blocks::kBytesPer32) % kLineBytes == 0) _mm_prefetch(at + kAheadBytes, _MM_HINT_T0);
+    const bool pair = k + kQStep <= K;
+    const Blocks blocks(at, pair);
+    const QVec scale = block_scales(row_scales + g, pair);
+    for (int64_t i = 0; i < MR; ++i) {
+      const int64_t m = m0 + i;
+      const QInt xq = load_codes(x.q.data() + m * K + k, pair);
+      a[i] = q_fold(a[i], blocks.sums(xq), q_mul(scale, block_scales(x.d.data() + m * groups + g, pair)));
+    }
+  }
+  for (int64_t i = 0; i < MR; ++i) {
+    float total = q_sum(a[i]);
+    if (wm != nullptr) {
+      const float* mins = wm + n * groups;
+      const float* block_sums = x.sum.data() + (m0 + i) * groups;
+      float offset = 0.f;
+      for (int64_t g = 0; g < groups; ++g) offset += mins[g] * block_sums[g];
+      total += offset;
+    }
+    out[(m0 + i) * N + n] = total;
+  }
+}
+
+// Every activation row against weight rows begin..end-1, one weight row at a time (as stream() does), 4 activation
+// rows a pass (8 measured the same: at 16-32 rows the per-row integer and scaling work costs, not the weight blocks).
+template <typename Blocks, bool P>
+void fold_quantized(const char* w, const float* ws, const float* wm, const QuantizedRows& x, int64_t M, int64_t K,
+                    float* out, int64_t N, int64_t begin, int64_t end) {
+  for (int64_t n = begin; n < end; ++n)
+    for (int64_t m = 0; m < M; m += 4) {
+      switch (std::min<int64_t>(4, M - m)) {
+        case 1: fold_quantized_row<Blocks, 1, P>(w, ws, wm, x, m, K, out, N, n); break;
+        case 2: fold_quantized_row<Blocks, 2, P>(w, ws, wm, x, m, K, out, N, n); break;
+        case 3: fold_quantized_row<Blocks, 3, P>(w, ws, wm, x, m, K, out, N, n); break;
+        default: fold_quantized_row<Blocks, 4, P>(w, ws, wm, x, m, K, out, N, n); break;
+      }
+    }
+}
+
+template <typename Blocks>
+void stream_quantized(const void* w, const float* ws, const float* wm, const float* x, int64_t M, int64_t K,
+                      float* out, int64_t N) {
+  const QuantizedRows rows(x, M, K);
+  const char* bytes = static_cast<const char*>(w);
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    if (M >= kPrefetchFromRows) fold_quantized<Blocks, true>(bytes, ws, wm, rows, M, K, out, N, begin, end);
+    else fold_quantized<Blocks, false>(bytes, ws, wm, rows, M, K, out, N, begin, end);
+  });
+}
+constexpr bool kQuantizedDot = true;
+#else
+constexpr bool kQuantizedDot = false;
 #endif
 
 // fp32 -> bf16, round to nearest even (as torch's .bfloat16() and AVX512_BF16's conversion).
@@ -401,18 +569,26 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales
   const float* mn = format == kQ4 ? mins.data_ptr<float>() : nullptr;
   const float* xp = x.data_ptr<float>();
   float* op = out.data_ptr<float>();
+#ifdef STRATA_Q_DOT
+  if (format == kQ8) {
+    stream_quantized<Q8Blocks>(w, s, nullptr, xp, M, K, op, N);
+    return out;
+  }
+  if (format == kQ4) {
+    stream_quantized<Q4Blocks>(w, s, mn, xp, M, K, op, N);
+    return out;
+  }
+#endif
   std::vector<float> rounded;
-  if (format == kBF16 || (kNativeBF16 && format == kQ8)) {
-    std::vector<uint16_t> xb(M * K);     // the activations as bf16 once, then either kernel sees the same values
+  if (format == kBF16) {
+    std::vector<uint16_t> xb(M * K);     // the activations as bf16 once
     round_to_bf16(xp, M * K, xb.data());
 #if defined(__AVX512BF16__)
     if (K % kBF16Lanes == 0) {
-      if (format == kBF16) stream_bf16(BF16Rows{static_cast<const uint16_t*>(w), K}, xb.data(), M, K, op, N);
-      else stream_bf16(Q8AsBF16Rows{static_cast<const int8_t*>(w), s, K}, xb.data(), M, K, op, N);
+      stream_bf16(BF16Rows{static_cast<const uint16_t*>(w), K}, xb.data(), M, K, op, N);
       return out;
     }
 #endif
-    TORCH_CHECK(format == kBF16, "unreachable: Q8_0 blocks are whole groups of 32");
     rounded.resize(M * K);
     for (int64_t i = 0; i < M * K; ++i) rounded[i] = c10::detail::f32_from_bits(xb[i]);
     xp = rounded.data();     // widened rows below, fp32 FMAs over the bf16-rounded activations
@@ -449,6 +625,9 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales
 
 // Whether bf16 weights run on AVX512_BF16 dot products here (else the fp32 fallback, several times slower).
 bool native_bf16() { return kNativeBF16; }
+
+// Whether Q8_0 and Q4 weights multiply activations quantized to Q8_0 blocks here (else widened to fp32).
+bool quantized_dot() { return kQuantizedDot; }
 
 // The whole weight as fp32 [N, K]: for large batches (prefill), which a BLAS matmul runs better than fold_rows.
 torch::Tensor dequantize(torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, int64_t format, int64_t K) {

@@ -1,6 +1,7 @@
 """Linear layers over compact weights on CPU (weight_linear.cpp): fp16, bf16, or GGUF-style blocks of 32 (Q8_0,
-Q4_0/Q4_1). bf16 weights multiply activations rounded to bf16 (AVX512_BF16 dot products where the CPU has them, which
-Q8_0 blocks then use too); the other formats multiply in fp32.
+Q4_0/Q4_1). bf16 weights multiply activations rounded to bf16 (AVX512_BF16 dot products where the CPU has them); Q8_0
+and Q4 weights at decode batches multiply activations quantized to Q8_0 blocks (int8 dot products, as llama.cpp); fp16
+weights multiply in fp32.
 
 Small batches (decode) run the C++ kernel, which widens each weight row in cache; large ones (prefill) widen the whole
 weight once and hand it to BLAS, which is faster when many activation rows share the weight. bf16 weights on a CPU
@@ -50,10 +51,10 @@ def native_bf16() -> bool:
     return load().native_bf16()
 
 
-def rounds_to_bf16(format: str) -> bool:
-    """Whether the row kernel (up to KERNEL_MAX_ROWS rows) multiplies bf16-rounded activations and weights for this
-    format here: bf16 always, Q8_0 on AVX512_BF16 CPUs (each block scaled in fp32, then rounded)."""
-    return format == "bf16" or (format == "q8" and native_bf16())
+def quantizes_activations(format: str) -> bool:
+    """Whether the row kernel (up to KERNEL_MAX_ROWS rows) multiplies this format's weights by activations quantized
+    to Q8_0 blocks here: Q8_0 and Q4 wherever the build has AVX2 or AVX-512 VNNI integer dot products."""
+    return format in ("q8", "q4") and load().quantized_dot()
 
 
 def dequantize(format: str, weight: torch.Tensor, scales: torch.Tensor | None, mins: torch.Tensor | None,

@@ -1,6 +1,8 @@
 """Compact weights (fp16, Q8_0, Q4_0, Q4_1) match gguf-py's own dequantization, and their matmuls match a
 dequantize-then-matmul reference on random shapes, in the row kernel (decode) and the BLAS path (prefill) alike."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,13 +14,26 @@ from strata.kernels.cpu import weight_linear
 from strata.models.compact_linear import CompactLinear
 
 
+def q8_0_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the row kernel quantizes it for Q8_0 weights: per block of 32, scale d = max |x| * (1 / 127) in fp32,
+    codes x * (1 / d) rounded half to even; returned as d * codes in float64."""
+    blocks = x.float().reshape(x.shape[0], -1, 32)
+    scale = blocks.abs().amax(-1, keepdim=True) * torch.tensor(1 / 127, dtype=torch.float32)
+    inverse = torch.where(scale != 0, 1.0 / scale, torch.zeros_like(scale))
+    codes = torch.round(blocks * inverse)
+    assert codes.abs().max() <= 127
+    return (codes.double() * scale.double()).reshape(x.shape)
+
+
 def kernel_reference(layer: CompactLinear, x: torch.Tensor) -> torch.Tensor:
-    """What the layer computes, in float64: the widened weight times x, both rounded to bf16 where the row kernel
-    rounds them (weight_linear.rounds_to_bf16); the prefill path (more rows) multiplies the fp32 values."""
+    """What the layer computes, in float64: the widened weight times x, with x rounded to bf16 for bf16 weights and
+    quantized to Q8_0 blocks where the row kernel does that for Q8_0 weights (weight_linear.quantizes_activations);
+    the prefill path (more rows) multiplies Q8_0 weights by the fp32 values."""
     weight = layer.unpacked_weight()
-    if x.shape[0] <= weight_linear.KERNEL_MAX_ROWS and weight_linear.rounds_to_bf16(layer.format) or \
-            layer.format == "bf16":
+    if layer.format == "bf16":
         x, weight = x.bfloat16(), weight.bfloat16()
+    elif x.shape[0] <= weight_linear.KERNEL_MAX_ROWS and weight_linear.quantizes_activations(layer.format):
+        x = q8_0_activations(x)
     out = x.double() @ weight.double().T
     return out if layer.bias is None else out + layer.bias.double()
 
@@ -120,3 +135,33 @@ def test_compact_weights_are_refused_on_cuda_with_the_reason():
         with pytest.raises(ValueError, match="CPU only.*--dtype bf16"):
             EngineConfig(quantization=quantization).resolve_weight_format(cuda)
     assert EngineConfig().resolve_weight_format(cuda)[0] == "none"
+
+
+def avx2_only_build():
+    """This folder's kernels built for Haswell (AVX2, FMA, F16C; no AVX-512, no VNNI): the integer dot products of
+    AVX2-only CPUs (maddubs + madd), which a CI machine with AVX-512 never runs in its own build."""
+    from torch.utils.cpp_extension import load
+
+    from strata.kernels.cpu import build
+
+    folder = Path(build.__file__).parent
+    return load(f"strata_cpu_kernels_avx2_{build.cpu_fingerprint()}", [str(folder / s) for s in build.SOURCES],
+                extra_cflags=["-O3", "-march=haswell", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                verbose=False)
+
+
+@pytest.mark.skipif("avx2" not in Path("/proc/cpuinfo").read_text(), reason="needs a CPU with AVX2")
+def test_avx2_only_build_quantizes_activations_like_the_reference():
+    module = avx2_only_build()
+    assert module.quantized_dot()
+    rng = np.random.default_rng(3)
+    for block_type, code in ((Q.Q8_0, 1), (Q.Q4_1, 2)):
+        weight = (rng.standard_normal((67, 96)) * 0.05).astype(np.float32)
+        layer = CompactLinear.from_blocks(quants.quantize(weight, block_type), block_type, 96, None)
+        scales = layer.scales
+        mins = layer.mins if layer.mins is not None else torch.empty(0)
+        x = torch.randn(weight_linear.KERNEL_MAX_ROWS, 96)
+        alone = torch.cat([module.linear(x[i:i + 1], layer.weight, scales, mins, code, 96) for i in range(len(x))])
+        want = q8_0_activations(x) @ layer.unpacked_weight().double().T
+        torch.testing.assert_close(alone.double(), want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(module.linear(x, layer.weight, scales, mins, code, 96), alone)    # same bits batched
