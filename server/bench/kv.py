@@ -209,17 +209,22 @@ def agreement(reference: list[list[int]], other: list[list[int]]) -> dict:
 
 
 def perplexity_and_greedy(configs: dict[str, EngineConfig], chat: list[str], raw: list[str], params: SamplingParams,
-                          text_tokens: int | None = None) -> tuple[dict[str, float], dict[str, list[list[int]]], int]:
+                          text_tokens: int | None = None, decode_chunk: int | None = None
+                          ) -> tuple[dict[str, float], dict[str, float], dict[str, list[list[int]]], int]:
     """One fresh engine per named variant: perplexity of the public-domain text (its first text_tokens; None = all)
-    and the greedy token ids of the chat + raw prompts. Also returns how many text tokens were scored."""
-    ppl, tokens = {}, {}
+    and the greedy token ids of the chat + raw prompts. With decode_chunk, the perplexity again in chunks that small,
+    which run the linears decode steps run (the CPU row kernel), not prefill's. Also returns how many text tokens
+    were scored."""
+    ppl, ppl_decode, tokens = {}, {}, {}
     for name, variant in configs.items():
         engine = LLMEngine(variant)
         ids = text_ids(engine)[:text_tokens]
         ppl[name] = round(engine.perplexity(ids), 4)
+        if decode_chunk is not None:
+            ppl_decode[name] = round(engine.perplexity(ids, chunk_size=decode_chunk), 4)
         outs = engine.generate(chat, params, chat=True) + engine.generate(raw, params)
         tokens[name] = [o.token_ids for o in outs]
-    return ppl, tokens, len(ids)
+    return ppl, ppl_decode, tokens, len(ids)
 
 
 def run_int8_accuracy(config: EngineConfig, max_tokens: int = 64,
@@ -230,7 +235,7 @@ def run_int8_accuracy(config: EngineConfig, max_tokens: int = 64,
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     load_at_start = os.getloadavg()
     configs = {kv_dtype: dataclasses.replace(config, kv_dtype=kv_dtype) for kv_dtype in ("fp32", *kv_dtypes)}
-    ppl, tokens, text_tokens = perplexity_and_greedy(configs, prompts["chat"], prompts["raw"], params)
+    ppl, _, tokens, text_tokens = perplexity_and_greedy(configs, prompts["chat"], prompts["raw"], params)
     return {
         "ppl": ppl,
         "ppl_increase_pct_vs_fp32": {d: round((ppl[d] / ppl["fp32"] - 1) * 100, 3) for d in kv_dtypes},
