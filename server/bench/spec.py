@@ -18,6 +18,7 @@ from strata.server.bench.kv import machine_note
 from strata.server.engine.config import EngineConfig
 from strata.server.engine.llm_engine import LLMEngine, RequestOutput
 from strata.server.engine.sampling_params import SamplingParams
+from strata.server.engine.spec.ngram import continuation
 from strata.server.engine.spec.proposer import DraftProposer
 
 CODE = '''def average(values):
@@ -121,6 +122,23 @@ def run_batches(engine: LLMEngine, groups: list[list[str]], params: SamplingPara
     return outs, seconds, decoded
 
 
+def prompt_lookup_ceiling(prompt_ids: list[list[int]], outputs: list[list[int]], num_tokens: int) -> float:
+    """The speedup prompt lookup could give these greedy outputs if verifying a draft cost nothing: output tokens
+    over the steps they take when every step proposes the continuation of the longest match (as the ngram source
+    does) and keeps its prefix that equals the output. What the workload allows, whatever the kernels' speed."""
+    tokens = steps = 0
+    for prompt, out in zip(prompt_ids, outputs, strict=True):
+        i = 0
+        while i < len(out):
+            context = prompt + out[:i]
+            draft = continuation(context, context, num_tokens)
+            accepted = next((k for k, token in enumerate(draft) if i + k >= len(out) or token != out[i + k]),
+                            len(draft))
+            i, steps = i + accepted + 1, steps + 1
+        tokens += len(out)
+    return round(tokens / steps, 3) if steps else 1.0
+
+
 def run_spec_bench(config: EngineConfig, batch_sizes: tuple[int, ...] = (1, 4, 16), max_tokens: int = 96,
                    num_prompts: int = 4, repeats: int = 2, names: tuple[str, ...] | None = None) -> dict:
     load_at_start = os.getloadavg()
@@ -172,6 +190,11 @@ def run_spec_bench(config: EngineConfig, batch_sizes: tuple[int, ...] = (1, 4, 1
         first = rows[str(batch_sizes[0])]
         result["workloads"][name] = {"source": source, "speedup_batch1": first["speedup"] if batch_sizes[0] == 1
                                      else None, "acceptance": first["acceptance"], "batches": rows}
+        if source == "ngram":
+            prompt_ids = [engine.inputs.make_sequence(p, params, chat=True).token_ids for p in prompts]
+            outputs = [o.token_ids for o in engine.generate(prompts, params, chat=True)]
+            result["workloads"][name]["ngram_ceiling"] = prompt_lookup_ceiling(prompt_ids, outputs,
+                                                                               config.num_speculative_tokens)
     result["identical"] = same / total if total else None
     result["machine"] = machine_note(load_at_start)
     result["cpu_flags"] = cpu_flags()
