@@ -187,8 +187,12 @@ def test_redis_down_serves_from_memory_queues_writes_and_catches_up(url, server)
         a.faults.report("lookup", ConnectionError("refused"))   # what a lookup meets before the breaker opens
         health = a.health()
         assert health["status"] == "degraded" and "redis down" in health["reason"]
+        synced = a.stats()["redis"]["resyncs"], b.stats()["redis"]["resyncs"]
         server.start()
-        eventually(lambda: a.stats()["redis"]["up"] and b.stats()["redis"]["up"], timeout=5)
+        # back in sync: the breaker closes before the index is rebuilt, so wait for the resync itself, not "up"
+        eventually(lambda: a.stats()["redis"]["resyncs"] > synced[0] and b.stats()["redis"]["resyncs"] > synced[1],
+                   timeout=5)
+        assert a.stats()["redis"]["up"] and b.stats()["redis"]["up"]
         assert a.stats()["redis"]["queue"] == 0 and a.health()["status"] == "ok"
         for i in (2, 3, 4):         # the queued ones reached Redis and B
             hit = run(b.lookup(chat(f"Outage question {i}")))
