@@ -1,7 +1,7 @@
 """Time of every linear layer of one SmolLM2-135M decode step on the CPU weight kernel, per weight format and batch.
 
     .venv/bin/python benchmarks/linear_kernel.py [--threads 2] [--formats f16 int8 int4] [--batches 1 4 16 32] \
-        [--weights streamed|cached]
+        [--weights streamed|cached] [--march haswell]
 
 Prints JSON: milliseconds per step (30 layers' q/k/v, o, gate/up and down projections, plus the lm_head) and the
 effective weight bytes per second. `streamed` (the default) gives each of the 121 layers its own weights, so they
@@ -16,6 +16,7 @@ import time
 import torch
 from torch import nn
 
+from strata.kernels.cpu import build, weight_linear
 from strata.models.compact_linear import CompactLinear
 from strata.server.bench.kv import cpu_isa, cpu_name
 
@@ -58,8 +59,13 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", default=["f16", "int8", "int4"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 32])
     ap.add_argument("--weights", choices=["streamed", "cached"], default="streamed")
+    ap.add_argument("--march", default=None, help="build the kernels for this -march instead (haswell: the AVX2-only "
+                                                   "code paths, timed on this CPU)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.march:
+        module = build.build_for_march(args.march)
+        weight_linear.load = lambda: module
     results = []
     with torch.no_grad():
         for fmt in args.formats:
@@ -72,7 +78,8 @@ def main() -> None:
                 ms = step_ms(layers, batch)
                 results.append({"format": fmt, "batch": batch, "linear_ms_per_step": round(ms, 2),
                                 "weight_gb_s": round(weight_bytes / ms / 1e6, 1)})
-    print(json.dumps({"threads": args.threads, "weights": args.weights, "cpu": cpu_name(), "isa": cpu_isa(),
+    print(json.dumps({"threads": args.threads, "weights": args.weights, "march": args.march or "native",
+                      "cpu": cpu_name(), "isa": cpu_isa(),
                       "results": results}, indent=1))
 
 

@@ -48,6 +48,20 @@ def _compile():
                  verbose=False)
 
 
+def build_for_march(march: str):
+    """The same kernels compiled for another -march (e.g. haswell: AVX2, FMA, F16C, no AVX-512 or VNNI), as a separate
+    module: lets a test or a benchmark on this CPU run the code paths a CPU with fewer extensions runs. Raises like
+    build_kernels when it cannot be built."""
+    from torch.utils.cpp_extension import load as build
+
+    os.environ.setdefault("MAX_JOBS", "2")
+    folder = Path(__file__).parent
+    return build(f"strata_cpu_kernels_{march.replace('-', '_')}_{cpu_fingerprint()}",
+                 [str(folder / source) for source in SOURCES],
+                 extra_cflags=["-O3", f"-march={march}", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                 verbose=False)
+
+
 def clear_stale_lock(build_dir: Path, max_age_s: float = STALE_LOCK_S) -> bool:
     """Remove the build lock a killed compile left behind (torch would wait on it for ever, so every later engine
     start hung); a fresh lock belongs to a build in progress and stays. True when one was removed."""

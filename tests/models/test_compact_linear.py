@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf import quants
 from torch import nn
 
-from strata.kernels.cpu import weight_linear
+from strata.kernels.cpu import build, weight_linear
 from strata.models.compact_linear import CompactLinear
 
 
@@ -137,22 +137,10 @@ def test_compact_weights_are_refused_on_cuda_with_the_reason():
     assert EngineConfig().resolve_weight_format(cuda)[0] == "none"
 
 
-def avx2_only_build():
-    """This folder's kernels built for Haswell (AVX2, FMA, F16C; no AVX-512, no VNNI): the integer dot products of
-    AVX2-only CPUs (maddubs + madd), which a CI machine with AVX-512 never runs in its own build."""
-    from torch.utils.cpp_extension import load
-
-    from strata.kernels.cpu import build
-
-    folder = Path(build.__file__).parent
-    return load(f"strata_cpu_kernels_avx2_{build.cpu_fingerprint()}", [str(folder / s) for s in build.SOURCES],
-                extra_cflags=["-O3", "-march=haswell", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                verbose=False)
-
-
 @pytest.mark.skipif("avx2" not in Path("/proc/cpuinfo").read_text(), reason="needs a CPU with AVX2")
 def test_avx2_only_build_quantizes_activations_like_the_reference():
-    module = avx2_only_build()
+    module = build.build_for_march("haswell")   # AVX2 integer dot products (maddubs + madd), which a CI machine
+    #                                               with AVX-512 never runs in its own build
     assert module.quantized_dot()
     rng = np.random.default_rng(3)
     for block_type, code in ((Q.Q8_0, 1), (Q.Q4_1, 2)):
