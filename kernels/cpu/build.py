@@ -34,30 +34,28 @@ def _build_once():
 
 
 def _compile():
-    from torch.utils.cpp_extension import _get_build_directory
-    from torch.utils.cpp_extension import load as build
-
-    os.environ.setdefault("MAX_JOBS", "2")
     folder = Path(__file__).parent
     # per CPU and per checkout: torch rebuilds when the source paths change, so two installs sharing one name would
     # rebuild each other's module on every start
-    name = f"strata_cpu_kernels_{cpu_fingerprint()}_{hashlib.sha256(str(folder).encode()).hexdigest()[:6]}"
-    clear_stale_lock(Path(_get_build_directory(name, verbose=False)))
-    return build(name, [str(folder / source) for source in SOURCES],
-                 extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                 verbose=False)
+    return _build(f"strata_cpu_kernels_{cpu_fingerprint()}_{hashlib.sha256(str(folder).encode()).hexdigest()[:6]}",
+                  "native")
 
 
 def build_for_march(march: str):
     """The same kernels compiled for another -march (e.g. haswell: AVX2, FMA, F16C, no AVX-512 or VNNI), as a separate
     module: lets a test or a benchmark on this CPU run the code paths a CPU with fewer extensions runs. Raises like
     build_kernels when it cannot be built."""
+    return _build(f"strata_cpu_kernels_{march.replace('-', '_')}_{cpu_fingerprint()}", march)
+
+
+def _build(name: str, march: str):
+    from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as build
 
     os.environ.setdefault("MAX_JOBS", "2")
     folder = Path(__file__).parent
-    return build(f"strata_cpu_kernels_{march.replace('-', '_')}_{cpu_fingerprint()}",
-                 [str(folder / source) for source in SOURCES],
+    clear_stale_lock(Path(_get_build_directory(name, verbose=False)))
+    return build(name, [str(folder / source) for source in SOURCES],
                  extra_cflags=["-O3", f"-march={march}", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
                  verbose=False)
 

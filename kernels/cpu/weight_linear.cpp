@@ -6,8 +6,9 @@
 // per block (AVX-512 VNNI, AVX-VNNI or AVX2), each block's sum scaled in fp32.
 //
 // Why: a decode step reads every weight once per token, so at small batches the step time is the bytes read. Here a
-// weight row is widened to fp32 right before use and never written back to memory as fp32: fp16 and Q8_0 rows in
-// registers, Q4 rows into an L1 buffer. Every output is one chain of fused multiply-adds over k, one vector of the
+// float weight row is widened to fp32 right before use and never written back to memory as fp32: fp16 rows in
+// registers, others into an L1 buffer (Q8_0 and Q4 only where no integer dot product builds). Every output is one
+// chain of fused multiply-adds over k (of block sums, for the quantized formats), one vector of the
 // widest width this build has (AVX-512: 16 lanes, AVX2: 8) at a time, then a horizontal sum: the same operations in
 // the same order whatever the batch size or tile, so a sequence's logits never depend on what it is batched with.
 #include <torch/extension.h>
@@ -82,12 +83,8 @@ constexpr int64_t kLanes = 16;
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec vscale(Vec a, float s) { return _mm512_mul_ps(a, _mm512_set1_ps(s)); }
 inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
 inline Vec vwiden(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
-inline Vec vwiden(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
 #elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define STRATA_VECTOR 1
 using Vec = __m256;
@@ -95,16 +92,12 @@ constexpr int64_t kLanes = 8;
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec vscale(Vec a, float s) { return _mm256_mul_ps(a, _mm256_set1_ps(s)); }
 inline float vsum(Vec v) {
   __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   h = _mm_add_ps(h, _mm_movehl_ps(h, h));
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 inline Vec vwiden(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-inline Vec vwiden(const int8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-}
 #endif
 
 #ifdef STRATA_VECTOR
@@ -126,27 +119,16 @@ inline void fold_tile(const float* rows, const float* x, int64_t K, float* out, 
     for (int64_t r = 0; r < kRows; ++r) out[i * N + n0 + r] = vsum(a[i][r]);
 }
 
-// fp16 and Q8_0 weights widened in registers: each vector of a weight row is widened and used at once, never stored
-// (the store and reload of a widened row cost more than widening again for every few activation rows; Q4 codes
-// unpack slower than they store, so they keep the buffer). Each vector takes the same operations as widen_row (a
-// product, never fused), so the same bits.
+// fp16 weights widened in registers: each vector of a weight row is widened and used at once, never stored (the store
+// and reload of a widened row cost more than widening again for every few activation rows). Each vector is what
+// widen_row gives, so the same bits. (Q8_0 and Q4 rows run the integer dot products below wherever this vector code
+// builds.)
 struct F16Rows {
   static constexpr int64_t kBytes = 2;   // per value
   const uint16_t* w;
   int64_t K;
   const char* address(int64_t n, int64_t k) const { return reinterpret_cast<const char*>(w + n * K + k); }
   Vec operator()(int64_t n, int64_t k) const { return vwiden(w + n * K + k); }
-};
-
-struct Q8Rows {
-  static constexpr int64_t kBytes = 1;
-  const int8_t* w;
-  const float* scales;
-  int64_t K;
-  const char* address(int64_t n, int64_t k) const { return reinterpret_cast<const char*>(w + n * K + k); }
-  Vec operator()(int64_t n, int64_t k) const {
-    return vscale(vwiden(w + n * K + k), scales[n * (K / kGroup) + k / kGroup]);
-  }
 };
 
 // Weight rows n0..n0+NR-1 against MR activation rows, MR * NR accumulators.
@@ -594,13 +576,11 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales
     xp = rounded.data();     // widened rows below, fp32 FMAs over the bf16-rounded activations
   }
 #ifdef STRATA_VECTOR
-  // 4-bit codes cost more to unpack again than to store; bf16 without AVX512_BF16 is the slow fallback anyway
-  const bool direct = (format == kF16 || format == kQ8) && K % kLanes == 0;
+  // bf16 without AVX512_BF16 is the slow fallback anyway: widened rows in a buffer
+  const bool direct = format == kF16 && K % kLanes == 0;
   const F16Rows f16_rows{static_cast<const uint16_t*>(w), K};
-  const Q8Rows q8_rows{static_cast<const int8_t*>(w), s, K};
   if (direct && M <= kStreamMaxRows) {
-    if (format == kF16) stream(f16_rows, xp, M, K, op, N);
-    else stream(q8_rows, xp, M, K, op, N);
+    stream(f16_rows, xp, M, K, op, N);
     return out;
   }
 #endif
@@ -611,8 +591,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales
       const int64_t n0 = t * kRows, nr = std::min(kRows, N - n0);
 #ifdef STRATA_VECTOR
       if (direct) {
-        if (format == kF16) fold_direct_rows(f16_rows, xp, M, K, op, N, n0, nr);
-        else fold_direct_rows(q8_rows, xp, M, K, op, N, n0, nr);
+        fold_direct_rows(f16_rows, xp, M, K, op, N, n0, nr);
         continue;
       }
 #endif

@@ -160,7 +160,7 @@ def run_spec_bench(config: EngineConfig, batch_sizes: tuple[int, ...] = (1, 4, 1
             earlier = engine.generate(prompts, SamplingParams(temperature=0.7, max_tokens=max_tokens, seed=1),
                                       chat=True)
             answers = {p: o.token_ids for p, o in zip(prompts, earlier, strict=True)}
-        rows = {}
+        rows, greedy = {}, None
         for batch in batch_sizes:
             best, rates = {}, {"off": [], "on": []}
             for _ in range(repeats):
@@ -172,6 +172,8 @@ def run_spec_bench(config: EngineConfig, batch_sizes: tuple[int, ...] = (1, 4, 1
                     if side not in best or seconds < best[side][1]:
                         best[side] = (outs, seconds, decoded, drafter)
             (plain, t_off, n_off, _), (drafted, t_on, n_on, drafter) = best["off"], best["on"]
+            if greedy is None:          # the first batch size's plain outputs, in prompt order (batches_of)
+                greedy = [o.token_ids for o in plain[:len(prompts)]]
             equal = sum(a.token_ids == b.token_ids for a, b in zip(plain, drafted, strict=True))
             same, total = same + equal, total + len(plain)
             stats = drafter.totals[source]
@@ -192,8 +194,7 @@ def run_spec_bench(config: EngineConfig, batch_sizes: tuple[int, ...] = (1, 4, 1
                                      else None, "acceptance": first["acceptance"], "batches": rows}
         if source == "ngram":
             prompt_ids = [engine.inputs.make_sequence(p, params, chat=True).token_ids for p in prompts]
-            outputs = [o.token_ids for o in engine.generate(prompts, params, chat=True)]
-            result["workloads"][name]["ngram_ceiling"] = prompt_lookup_ceiling(prompt_ids, outputs,
+            result["workloads"][name]["ngram_ceiling"] = prompt_lookup_ceiling(prompt_ids, greedy,
                                                                                config.num_speculative_tokens)
     result["identical"] = same / total if total else None
     result["machine"] = machine_note(load_at_start)
