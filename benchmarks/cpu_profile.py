@@ -1,14 +1,17 @@
 """Profile decode steps of the default model on CPU at a few batch sizes: step time, then torch.profiler's top ops.
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/cpu_profile.py [--batches 1 4] [--dtype fp32] [--steps 30] \
-        [--quantization none f16 gguf]
+        [--quantization none f16 gguf] [--layer-path]
 
 Prints JSON (median step ms per weight format and batch, and the ops that dominate); the formats run one after the other in
 one process, so on a shared machine compare them as ratios. --trace DIR also writes a Chrome trace per run.
+--layer-path also times the same engine with the decoder run layer by layer from Python instead of as one C++ call
+(kernels/cpu/decode_stack.py), in alternating rounds of steps, and reports both.
 py-spy shows the Python side: `py-spy record -o flame.svg -- python benchmarks/cpu_profile.py`.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -48,6 +51,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--quantization", nargs="+", default=["none"], help="weight formats to compare, in one run")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--layer-path", action="store_true", help="also time the layer-by-layer Python path")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds the steps are split into")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (1 is steadier on a shared machine)")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--trace", default=None)
@@ -59,19 +64,28 @@ def main() -> None:
             engine = decode_engine(args, weights, batch)
             for _ in range(3):
                 engine.step()
-            times = []
-            for _ in range(args.steps):
-                start = time.perf_counter()
-                engine.step()
-                times.append(time.perf_counter() - start)
-            step_ms = statistics.median(times) * 1e3          # the median: other jobs' bursts stretch a few steps
+            stack_backend = engine.runner.backend
+            paths = {"step_ms": stack_backend}
+            if args.layer_path:
+                paths["step_ms_layer_path"] = dataclasses.replace(stack_backend, decode_stack=False)
+            times = {name: [] for name in paths}
+            for _ in range(args.rounds):      # alternating rounds: drift and other jobs' bursts hit both paths alike
+                for name, backend in paths.items():
+                    engine.runner.backend = backend
+                    for _ in range(args.steps // args.rounds):
+                        start = time.perf_counter()
+                        engine.step()
+                        times[name].append(time.perf_counter() - start)
+            engine.runner.backend = stack_backend
+            # the median: other jobs' bursts stretch a few steps
+            step = {name: round(statistics.median(t) * 1e3, 2) for name, t in times.items()}
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(5):
                     engine.step()
             if args.trace:
                 prof.export_chrome_trace(f"{args.trace}/decode_{weights}_batch{batch}.json")
-            results.append({"weights": engine.weight_format, "batch": batch, "step_ms": round(step_ms, 2),
-                            "tok_s": round(batch * 1e3 / step_ms, 1), "profiled_steps": 5,
+            results.append({"weights": engine.weight_format, "batch": batch, **step,
+                            "tok_s": round(batch * 1e3 / step["step_ms"], 1), "profiled_steps": 5,
                             "top_ops": top_ops(prof, args.top)})
             del engine
     print(json.dumps({"dtype": args.dtype, "threads": torch.get_num_threads(), "cpu": cpu_name(), "isa": cpu_isa(),

@@ -29,6 +29,7 @@ class AttentionBackend:
     decode: Callable[[torch.Tensor, LayerKV, torch.Tensor, torch.Tensor, float], torch.Tensor]
     prefill: Callable[[torch.Tensor, LayerKV, AttentionMetadata, float], torch.Tensor]
     ops: LayerOps = TORCH_OPS
+    decode_stack: bool = False      # pure-decode steps may run the whole decoder in one C++ call (cpu/decode_stack.py)
 
 
 TORCH = AttentionBackend(
@@ -37,7 +38,7 @@ TORCH = AttentionBackend(
 # Decode reads the cache in place and float K/V are written by one call (cpu/paged_decode.cpp); INT8 writes and prefill
 # (compute-bound, SDPA's flash kernel) stay on torch; the small per-layer ops are fused C++ (cpu/pointwise.cpp).
 CPU = AttentionBackend("cpu", cpu_paged.write_kv, cpu_paged.paged_decode_attention,
-                       torch_reference.paged_prefill_attention, CPU_OPS)
+                       torch_reference.paged_prefill_attention, CPU_OPS, decode_stack=True)
 
 
 def resolve_backend_name(name: str, device: torch.device) -> str:

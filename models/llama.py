@@ -1,10 +1,14 @@
 """Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2) whose attention reads and writes the paged KV cache."""
 
+import functools
+
 import torch
 from torch import nn
 
 from strata.kernels import AttentionBackend, AttentionMetadata, LayerKV
+from strata.kernels.cpu.decode_stack import DecodeStack, StackLayer
 from strata.kernels.layer_ops import LayerOps
+from strata.models.compact_linear import CompactLinear
 from strata.models.config import ModelConfig
 from strata.models.rope import RotaryEmbedding
 
@@ -123,10 +127,29 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         rope = self.model.rope.lookup(positions, x.dtype)
+        if backend.decode_stack and DecodeStack.accepts(x, kv_layers, meta) and self.decode_stack is not None:
+            return self.decode_stack(x, rope, kv_layers, meta)
         residual = None
         for layer, kv in zip(self.model.layers, kv_layers, strict=True):
             x, residual = layer(rope, x, residual, kv, meta, backend)
         return self.model.norm.add(x, residual, backend.ops)[0]
+
+    @functools.cached_property
+    def decode_stack(self) -> DecodeStack | None:
+        """The whole decoder as one C++ call for pure-decode steps (kernels/cpu/decode_stack.py), built on first use;
+        None when a layer's linears are not all compact weights on CPU (dense weights keep the layer-by-layer path)."""
+        layers = []
+        for layer in self.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if not all(isinstance(m, CompactLinear) and m.weight.device.type == "cpu" for m in linears):
+                return None
+            layers.append(StackLayer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                                     tuple((m.format, m.weight, m.scales, m.mins, m.bias, m.in_features)
+                                           for m in linears)))
+        attn = self.model.layers[0].self_attn
+        return DecodeStack(layers, self.model.norm.weight, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+                           self.model.norm.eps, attn.scale)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

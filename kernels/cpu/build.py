@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 STALE_LOCK_S = 600          # a build takes well under a minute or two; a lock this old was left by a killed one
 
 
-SOURCES = ("paged_decode.cpp", "weight_linear.cpp", "pointwise.cpp")     # paged_decode.cpp binds them all
+SOURCES = ("paged_decode.cpp", "weight_linear.cpp", "pointwise.cpp", "decode_stack.cpp")     # paged_decode.cpp binds them all
 
 
 def build_kernels():

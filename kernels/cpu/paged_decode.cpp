@@ -212,9 +212,9 @@ void write_kv_(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, to
   else TORCH_CHECK(false, "write_kv_ takes float caches; INT8 quantizes in torch");
 }
 
-// The module binds every kernel of this folder (weight_linear.cpp's and pointwise.cpp's too): one build, its sources
-// compiled in parallel, instead of one build per kernel (each spends most of its time in torch's headers; one more
-// source just for the bindings would add one more such compile).
+// The module binds every kernel of this folder (weight_linear.cpp's, pointwise.cpp's and decode_stack.cpp's too): one
+// build, its sources compiled in parallel, instead of one build per kernel (each spends most of its time in torch's
+// headers; one more source just for the bindings would add one more such compile).
 torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales, torch::Tensor mins,
                      int64_t format, int64_t K);
 torch::Tensor dequantize(torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, int64_t format, int64_t K);
@@ -224,6 +224,7 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
 void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
 torch::Tensor silu_mul(torch::Tensor gate_up);
+void bind_decode_stack(pybind11::module_& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
@@ -236,4 +237,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then RMSNorm of it (fp32)");
   m.def("rope_", &rope_, "rotary embedding in place, rotate-half convention (fp32)");
   m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up row (fp32)");
+  bind_decode_stack(m);
 }
