@@ -8,6 +8,9 @@ two servers' outputs agree (token texts, up to each pair's first difference).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/vs_llamacpp.py --llama-server /path/llama-server \
         --gguf /path/SmolLM2-135M-Instruct.F16.gguf --serve-args "--quantization f16" --out result.json
+
+On a CPU with AVX-512, `STRATA_CPU_MARCH=haswell ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` in the environment
+makes strata run the code paths of an AVX2-only CPU (pair it with a llama.cpp built without AVX-512).
 """
 from __future__ import annotations
 
@@ -64,8 +67,13 @@ def agreement(a: list[str], b: list[str]) -> dict:
             "mean_common_prefix_share": round(sum(prefix) / len(prefix), 4)}
 
 
+# Set to run AVX2 code paths on a CPU with more (strata's kernels, torch and oneDNN); recorded with the results
+ISA_LIMITS = ("STRATA_CPU_MARCH", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+
+
 def cpu_flags() -> dict:
-    return {"model": cpu_name(), "cores": os.cpu_count(), "isa": cpu_isa()}
+    limits = {name: os.environ[name] for name in ISA_LIMITS if name in os.environ}
+    return {"model": cpu_name(), "cores": os.cpu_count(), "isa": cpu_isa()} | ({"isa_limits": limits} if limits else {})
 
 
 def main() -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 STALE_LOCK_S = 600          # a build takes well under a minute or two; a lock this old was left by a killed one
+# e.g. STRATA_CPU_MARCH=haswell: a server (or a benchmark) on this CPU runs the code paths an AVX2-only CPU runs
+MARCH_VARIABLE = "STRATA_CPU_MARCH"
 
 
 SOURCES = ("paged_decode.cpp", "weight_linear.cpp", "pointwise.cpp", "decode_stack.cpp")     # paged_decode.cpp binds them all
@@ -34,6 +36,10 @@ def _build_once():
 
 
 def _compile():
+    march = os.environ.get(MARCH_VARIABLE)
+    if march:
+        log.warning("%s=%s: C++ kernels built for -march=%s, not for this CPU", MARCH_VARIABLE, march, march)
+        return build_for_march(march)
     folder = Path(__file__).parent
     # per CPU and per checkout: torch rebuilds when the source paths change, so two installs sharing one name would
     # rebuild each other's module on every start

@@ -172,6 +172,22 @@ def test_dtype_auto_picks_the_weights_the_cpu_runs_fastest(monkeypatch, onednn_b
     assert ("with native bf16" in choice.reason) == onednn_bf16
 
 
+def test_strata_cpu_march_builds_the_kernels_for_another_cpu(monkeypatch, caplog):
+    """STRATA_CPU_MARCH=haswell makes a server on an AVX-512 machine run the AVX2 code paths (benchmarks of the AVX2
+    kind on another CPU); without it the build is native and per checkout."""
+    from strata.kernels.cpu import build
+
+    built = []
+    monkeypatch.setattr(build, "_build", lambda name, march: built.append((name, march)))
+    monkeypatch.setenv(build.MARCH_VARIABLE, "haswell")
+    build._compile()
+    monkeypatch.delenv(build.MARCH_VARIABLE)
+    build._compile()
+    assert built[0] == (f"strata_cpu_kernels_haswell_{build.cpu_fingerprint()}", "haswell")
+    assert built[1][1] == "native" and built[1][0] != built[0][0]
+    assert "-march=haswell" in caplog.text
+
+
 def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     """A compile killed mid-way leaves torch's lock file; every later build would wait on it for ever."""
     import os
