@@ -137,10 +137,15 @@ def test_compact_weights_are_refused_on_cuda_with_the_reason():
     assert EngineConfig().resolve_weight_format(cuda)[0] == "none"
 
 
-@pytest.mark.skipif("avx2" not in Path("/proc/cpuinfo").read_text(), reason="needs a CPU with AVX2")
-def test_avx2_only_build_quantizes_activations_like_the_reference():
-    module = build.build_for_march("haswell")   # AVX2 integer dot products (maddubs + madd), which a CI machine
-    #                                               with AVX-512 never runs in its own build
+@pytest.mark.parametrize("march, flag", [
+    ("haswell", "avx2"),          # AVX2 integer dot products (maddubs + madd, Q8_0 by the sign trick)
+    ("alderlake", "avx_vnni"),    # 256-bit VNNI (Q8_0 against activations offset to unsigned)
+])
+def test_builds_without_avx512_quantize_activations_like_the_reference(march, flag):
+    """Code paths a CI machine with AVX-512 never runs in its own build."""
+    if flag not in Path("/proc/cpuinfo").read_text().split():
+        pytest.skip(f"needs a CPU with {flag}")
+    module = build.build_for_march(march)
     assert module.quantized_dot()
     rng = np.random.default_rng(3)
     for block_type, code in ((Q.Q8_0, 1), (Q.Q4_1, 2)):
