@@ -95,6 +95,10 @@ class EngineProcess:
         self.ready = threading.Event()       # ModelInfo came, or the process is gone
         self.dead = threading.Event()
         self.stopping = False
+        # the supervisor (restarting) and the server's shutdown may stop one process at once: without the lock one
+        # could see it alive, the other close the queue, and the first put its "stop" into a closed queue
+        self._stop_lock = threading.Lock()
+        self._stopped = False
         self.reader = threading.Thread(target=self._read, name="strata-engine-reader", daemon=True)
 
     def start(self) -> None:
@@ -103,12 +107,25 @@ class EngineProcess:
         self.reader.start()
 
     def send(self, command: str, arg) -> None:
-        if not self.dead.is_set():
+        """Queue a command for the process; dropped once it is gone or stopped (nobody would read it)."""
+        if self.dead.is_set():
+            return
+        try:
             self.commands.put((command, arg))
+        except ValueError:                   # a concurrent stop() closed the queue
+            pass
 
     def stop(self) -> None:
-        """Stop the process (killed if it does not finish its step in time) and the reader; idempotent."""
-        self.stopping = True
+        """Stop the process (killed if it does not finish its step in time) and the reader; idempotent, and safe to
+        call from two threads at once."""
+        with self._stop_lock:
+            if not self._stopped:
+                self._stopped = self.stopping = True
+                self._end_process()
+        if self.reader.is_alive() and self.reader is not threading.current_thread():
+            self.reader.join(timeout=30)
+
+    def _end_process(self) -> None:
         if self.process.is_alive() and not self.ready.is_set():
             self.process.kill()                # still loading: it reads no command until it is built
             self.process.join()
@@ -120,8 +137,6 @@ class EngineProcess:
                 self.process.join()
         self.commands.cancel_join_thread()   # commands the engine never read are moot now
         self.commands.close()
-        if self.reader.is_alive() and self.reader is not threading.current_thread():
-            self.reader.join(timeout=30)
 
     def _read(self) -> None:
         try:

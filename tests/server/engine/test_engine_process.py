@@ -117,6 +117,22 @@ def test_a_killed_engine_process_ends_a_stream_in_flight_with_an_error():
                    for line in rest), rest[-3:]
 
 
+def test_stopping_an_engine_twice_or_sending_to_a_stopped_one_raises_nothing(tiny_chat_engine):
+    """The supervisor (restarting a dead engine) and the server's shutdown can stop one process at once; the second
+    may still see the process alive after the first closed its queue (this made a stop put into a closed queue)."""
+    from strata.server.engine.engine_client import EngineProcess
+
+    engine = EngineProcess(tiny_chat_engine, 1, lambda update: None)
+    engine.start()
+    assert engine.ready.wait(60) and engine.info is not None
+    engine.stop()
+    assert engine.process.exitcode == 0
+    engine.process.is_alive = lambda: True        # the stale view of a concurrent stop()
+    engine.dead.clear()
+    engine.stop()
+    engine.send("abort", "some-request")
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 def test_engine_process_exits_when_the_server_is_killed(tiny_chat_model_dir):
     with socket.socket() as sock:
