@@ -95,16 +95,23 @@ class EngineProcess:
         self.ready = threading.Event()       # ModelInfo came, or the process is gone
         self.dead = threading.Event()
         self.stopping = False
-        # the supervisor (restarting) and the server's shutdown may stop one process at once: without the lock one
-        # could see it alive, the other close the queue, and the first put its "stop" into a closed queue
+        # the supervisor (restarting) and the server's shutdown may start and stop one process at once: the shutdown
+        # can stop it before the supervisor starts it (it must then stay down), or both stop it together
         self._stop_lock = threading.Lock()
         self._stopped = False
         self.reader = threading.Thread(target=self._read, name="strata-engine-reader", daemon=True)
 
     def start(self) -> None:
-        self.process.start()
-        self._child_end.close()              # so the reader sees EOF when the engine process dies
-        self.reader.start()
+        """Start the process and its reader; one stopped before it started stays down (dead and ready at once)."""
+        with self._stop_lock:
+            if self._stopped:
+                self.error = self.error or RuntimeError("the engine process was stopped before it started")
+                self.dead.set()
+                self.ready.set()
+                return
+            self.process.start()
+            self._child_end.close()          # so the reader sees EOF when the engine process dies
+            self.reader.start()
 
     def send(self, command: str, arg) -> None:
         """Queue a command for the process; dropped once it is gone or stopped (nobody would read it)."""

@@ -117,7 +117,7 @@ def test_a_killed_engine_process_ends_a_stream_in_flight_with_an_error():
                    for line in rest), rest[-3:]
 
 
-def test_stopping_an_engine_twice_or_sending_to_a_stopped_one_raises_nothing(tiny_chat_engine):
+def test_an_engine_stopped_twice_or_before_it_starts_stays_down_and_raises_nothing(tiny_chat_engine):
     """The supervisor (restarting a dead engine) and the server's shutdown can stop one process at once; the second
     may still see the process alive after the first closed its queue (this made a stop put into a closed queue)."""
     from strata.server.engine.engine_client import EngineProcess
@@ -131,6 +131,11 @@ def test_stopping_an_engine_twice_or_sending_to_a_stopped_one_raises_nothing(tin
     engine.dead.clear()
     engine.stop()
     engine.send("abort", "some-request")
+
+    early = EngineProcess(tiny_chat_engine, 1, lambda update: None)
+    early.stop()                                  # the shutdown came between the restart's new process and its start
+    early.start()
+    assert early.ready.is_set() and early.dead.is_set() and early.process.pid is None
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
