@@ -94,17 +94,16 @@ class EngineProcess:
         self.error: BaseException | None = None
         self.ready = threading.Event()       # ModelInfo came, or the process is gone
         self.dead = threading.Event()
-        self.stopping = False
+        self.stopping = False                # stop() was called: the reader takes EOF as asked for, start() refuses
         # the supervisor (restarting) and the server's shutdown may start and stop one process at once: the shutdown
         # can stop it before the supervisor starts it (it must then stay down), or both stop it together
         self._stop_lock = threading.Lock()
-        self._stopped = False
         self.reader = threading.Thread(target=self._read, name="strata-engine-reader", daemon=True)
 
     def start(self) -> None:
         """Start the process and its reader; one stopped before it started stays down (dead and ready at once)."""
         with self._stop_lock:
-            if self._stopped:
+            if self.stopping:
                 self.error = self.error or RuntimeError("the engine process was stopped before it started")
                 self.dead.set()
                 self.ready.set()
@@ -126,8 +125,8 @@ class EngineProcess:
         """Stop the process (killed if it does not finish its step in time) and the reader; idempotent, and safe to
         call from two threads at once."""
         with self._stop_lock:
-            if not self._stopped:
-                self._stopped = self.stopping = True
+            if not self.stopping:
+                self.stopping = True
                 self._end_process()
         if self.reader.is_alive() and self.reader is not threading.current_thread():
             self.reader.join(timeout=30)
