@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -326,15 +327,7 @@ struct QuantizedRows {
 #if defined(STRATA_VECTOR) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
 // Two blocks per 512-bit vector: int32 lanes 0-7 hold block k's sums, 8-15 block k + 1's (zero for a lone last block).
-constexpr int64_t kQStep = 2 * kGroup;
-using QVec = __m512;
 using QInt = __m512i;
-inline QVec q_zero() { return _mm512_setzero_ps(); }
-inline float q_sum(QVec v) { return _mm512_reduce_add_ps(v); }
-inline QVec block_scales(const float* s, bool pair) {   // [s[0] x 8, s[1] x 8], or [s[0] x 8, 0 x 8]
-  return pair ? _mm512_insertf32x8(_mm512_set1_ps(s[0]), _mm256_set1_ps(s[1]), 1)
-              : _mm512_maskz_mov_ps(0x00FF, _mm512_set1_ps(s[0]));
-}
 inline QInt load_codes(const int8_t* p, bool pair) {
   return pair ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p);
 }
@@ -344,6 +337,7 @@ inline QInt minus_128_lane_sums(QInt s) {   // -128 * (sum of each int32 lane's 
   return _mm512_sub_epi32(_mm512_setzero_si512(), dot_u8_s8(_mm512_set1_epi8(static_cast<char>(0x80)), s));
 }
 #define STRATA_Q8_OFFSET 1
+#define STRATA_Q_LANES16 1
 inline QInt nibbles(const uint8_t* p, bool pair) {   // two blocks' 16 code bytes -> 32 codes each, in value order
   const __m256i bytes = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi8(0xFFFF, p);
   const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F));
@@ -351,8 +345,6 @@ inline QInt nibbles(const uint8_t* p, bool pair) {   // two blocks' 16 code byte
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(low, high, 0x20)),
                             _mm256_permute2x128_si256(low, high, 0x31), 1);
 }
-inline QVec q_fold(QVec acc, QInt sums, QVec scale) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc); }
-inline QVec q_mul(QVec a, QVec b) { return _mm512_mul_ps(a, b); }
 #define STRATA_Q_DOT 1
 #elif defined(STRATA_VECTOR) && defined(__AVX2__)
 // One block per 256-bit vector.
@@ -401,6 +393,7 @@ struct Q8Blocks {
   static constexpr int64_t kBytesPer32 = 32;
   static constexpr bool kOffsetActivations = true;
   QInt w, start;
+  Q8Blocks() = default;
   Q8Blocks(const void* p, bool pair)
       : w(load_codes(static_cast<const int8_t*>(p), pair)), start(minus_128_lane_sums(w)) {}
   QInt sums(QInt u) const { return dot_u8_s8_onto(start, u, w); }
@@ -423,10 +416,170 @@ struct Q4Blocks {
   static constexpr int64_t kBytesPer32 = 16;
   static constexpr bool kOffsetActivations = false;
   QInt codes;
+  Q4Blocks() = default;
   Q4Blocks(const void* p, bool pair) : codes(nibbles(static_cast<const uint8_t*>(p), pair)) {}
   QInt sums(QInt x) const { return dot_u8_s8(codes, x); }
 };
 
+#ifdef STRATA_Q_LANES16
+// AVX-512 VNNI: each block's exact int32 sum goes to lane g % 16 of an fp32 accumulator, which adds block g's
+// fma(sum, d_w * d_x) (then Q4's fma(min, d_x * sum(q))) in ascending g; a fixed tree (lanes 8, 4, 2, 1 apart) sums
+// the 16 lanes. Two kernels follow that order to the bit: one activation row at a time (below 8 rows), and 16 rows
+// interleaved in the lanes, each VNNI instruction taking one broadcast weight dword against 16 rows' codes, so the
+// scaling of block sums is shared by 16 rows instead of paid per row: the linears of a SmolLM2 step on the AMX Xeon
+// took Q8_0 29-35 -> 16-18 ms at 16 rows and 60-65 -> 31-38 at 32, Q4 35-39 -> 17-21 and 73-76 -> 30-37, the same
+// within noise at 1-6 rows (benchmarks/results/cpu_profile/q_interleaved_ab.json).
+
+// Lane b of the result: the sum of block b's 8 lanes, from 8 vectors of block pairs (lanes 0-7: block 2p, 8-15: 2p+1).
+inline __m512i fold_lanes(__m512i x, __m512i y, int width) {   // blocks of `width` lanes -> twice as many of width/2
+  alignas(64) int32_t lo[16], hi[16];
+  const int half = width / 2, per_vector = 16 / width;
+  for (int o = 0; o < 16; ++o) {
+    const int block = o / half, j = o % half;
+    const int base = (block % per_vector) * width + (block < per_vector ? 0 : 16);
+    lo[o] = base + j;
+    hi[o] = base + j + half;
+  }
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(x, _mm512_load_si512(lo), y),
+                          _mm512_permutex2var_epi32(x, _mm512_load_si512(hi), y));
+}
+inline __m512i block_sums16(const __m512i (&pairs)[8]) {
+  const __m512i a = fold_lanes(pairs[0], pairs[1], 8), b = fold_lanes(pairs[2], pairs[3], 8);
+  const __m512i c = fold_lanes(pairs[4], pairs[5], 8), d = fold_lanes(pairs[6], pairs[7], 8);
+  return fold_lanes(fold_lanes(a, b, 4), fold_lanes(c, d, 4), 2);
+}
+
+// The float steps as rounding intrinsics: -ffast-math may reassociate plain vector arithmetic, and both kernels must
+// round the same operations in the same order.
+constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+inline __m512 add_exact(__m512 a, __m512 b) { return _mm512_add_round_ps(a, b, kNearest); }
+inline __m512 mul_exact(__m512 a, __m512 b) { return _mm512_mul_round_ps(a, b, kNearest); }
+inline __m512 fma_exact(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_round_ps(a, b, c, kNearest); }
+
+inline float lane_tree_sum(__m512 v) {   // lanes l + (l + 8), then 4, 2, 1 apart
+  v = add_exact(v, _mm512_shuffle_f32x4(v, v, 0x4E));
+  v = add_exact(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+  v = add_exact(v, _mm512_permute_ps(v, 0x4E));
+  return _mm512_cvtss_f32(add_exact(v, _mm512_permute_ps(v, 0xB1)));
+}
+
+// Rows m0..m0+MR-1 against weight row n, 16 blocks at a time.
+template <typename Blocks, int64_t MR>
+inline void fold_row_lanes16(const char* w, const float* ws, const float* wm, const QuantizedRows& x, int64_t m0,
+                             int64_t K, float* out, int64_t N, int64_t n) {
+  const int64_t groups = K / kGroup;
+  const char* row = w + n * groups * Blocks::kBytesPer32;
+  const int8_t* codes = Blocks::kOffsetActivations ? x.offset.data() : x.q.data();
+  __m512 acc[MR];
+  for (int64_t i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+    const int64_t blocks = std::min<int64_t>(16, groups - g0);
+    const __mmask16 live = static_cast<__mmask16>((1u << blocks) - 1u);
+    const char* at = row + g0 * Blocks::kBytesPer32;
+    for (int64_t line = 0; line < blocks * Blocks::kBytesPer32; line += kLineBytes)
+      _mm_prefetch(at + line + kAheadBytes, _MM_HINT_T0);
+    const int64_t pair_count = (blocks + 1) / 2;
+    Blocks weight[8];
+    for (int64_t p = 0; p < pair_count; ++p) weight[p] = Blocks(at + 2 * p * Blocks::kBytesPer32, 2 * p + 1 < blocks);
+    const __m512 dw = _mm512_maskz_loadu_ps(live, ws + n * groups + g0);
+    const __m512 mins = wm != nullptr ? _mm512_maskz_loadu_ps(live, wm + n * groups + g0) : _mm512_setzero_ps();
+    for (int64_t i = 0; i < MR; ++i) {
+      const int64_t m = m0 + i;
+      __m512i pairs[8];
+      for (int64_t p = 0; p < 8; ++p)
+        pairs[p] = p < pair_count ? weight[p].sums(load_codes(codes + m * K + (g0 + 2 * p) * kGroup, 2 * p + 1 < blocks))
+                                  : _mm512_setzero_si512();
+      const __m512 scale = mul_exact(dw, _mm512_maskz_loadu_ps(live, x.d.data() + m * groups + g0));
+      acc[i] = fma_exact(_mm512_cvtepi32_ps(block_sums16(pairs)), scale, acc[i]);
+      if (wm != nullptr)
+        acc[i] = fma_exact(mins, _mm512_maskz_loadu_ps(live, x.sum.data() + m * groups + g0), acc[i]);
+    }
+  }
+  for (int64_t i = 0; i < MR; ++i) out[(m0 + i) * N + n] = lane_tree_sum(acc[i]);
+}
+
+// Activation rows 16 at a time, interleaved for fold_interleaved: per row group a, block g and dword c, 16 rows' 4
+// codes; per (a, g) 16 rows' scales, d * sum(q) (Q4's minimums term) and -128 * sum(q) (the weights enter as w + 128).
+struct InterleavedRows {
+  int64_t row_groups;
+  std::vector<int8_t> q;
+  std::vector<float> d, sum;
+  std::vector<int32_t> start;
+  InterleavedRows(const QuantizedRows& x, int64_t M, int64_t K)
+      : row_groups((M + 15) / 16), q(row_groups * 16 * K), d(row_groups * 16 * (K / kGroup)),
+        sum(d.size()), start(d.size()) {
+    const int64_t groups = K / kGroup;
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t a = m / 16, lane = m % 16;
+      for (int64_t g = 0; g < groups; ++g) {
+        const int8_t* src = x.q.data() + m * K + g * kGroup;
+        int32_t total = 0;
+        for (int64_t c = 0; c < kGroup / 4; ++c)
+          for (int64_t b = 0; b < 4; ++b) {
+            q[(((a * groups + g) * 8 + c) * 16 + lane) * 4 + b] = src[c * 4 + b];
+            total += src[c * 4 + b];
+          }
+        const int64_t at = (a * groups + g) * 16 + lane;
+        d[at] = x.d[m * groups + g];
+        sum[at] = x.sum[m * groups + g];
+        start[at] = -128 * total;
+      }
+    }
+  }
+};
+
+// A Q8_0 block's 32 codes + 128 (unsigned), or a Q4 block's 32 codes in value order, as 8 dwords to broadcast.
+inline void unsigned_codes(const Q8Blocks*, const char* p, uint32_t* dwords) {
+  _mm256_store_si256(reinterpret_cast<__m256i*>(dwords),
+                     _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                                      _mm256_set1_epi8(static_cast<char>(0x80))));
+}
+inline void unsigned_codes(const Q4Blocks*, const char* p, uint32_t* dwords) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(dwords), _mm256_set_m128i(high, low));
+}
+
+// Row group a (activation rows 16a..16a+rows-1) against weight row n: lane r of each vector is row 16a + r, and
+// accumulator l takes blocks l, l + 16, ..., so every output is the row kernel's chain, operation for operation.
+template <typename Blocks>
+inline void fold_interleaved(const char* w, const float* ws, const float* wm, const InterleavedRows& x, int64_t a,
+                             int64_t rows, int64_t K, float* out, int64_t N, int64_t n) {
+  const int64_t groups = K / kGroup;
+  const char* row = w + n * groups * Blocks::kBytesPer32;
+  alignas(32) uint32_t dwords[8];
+  __m512 acc[16];
+  for (int64_t l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
+  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+    for (int64_t line = 0; line < std::min<int64_t>(16, groups - g0) * Blocks::kBytesPer32; line += kLineBytes)
+      _mm_prefetch(row + g0 * Blocks::kBytesPer32 + line + kAheadBytes, _MM_HINT_T0);
+    for (int64_t l = 0; l < 16; ++l) {
+      const int64_t g = g0 + l;
+      if (g >= groups) break;
+      unsigned_codes(static_cast<const Blocks*>(nullptr), row + g * Blocks::kBytesPer32, dwords);
+      const int64_t at = (a * groups + g) * 16;
+      __m512i sums = Blocks::kOffsetActivations ? _mm512_loadu_si512(x.start.data() + at) : _mm512_setzero_si512();
+      const int8_t* codes = x.q.data() + at * kGroup;
+      for (int64_t c = 0; c < 8; ++c)
+        sums = _mm512_dpbusd_epi32(sums, _mm512_set1_epi32(static_cast<int32_t>(dwords[c])),
+                                   _mm512_loadu_si512(codes + c * 64));
+      const __m512 scale = mul_exact(_mm512_set1_ps(ws[n * groups + g]), _mm512_loadu_ps(x.d.data() + at));
+      acc[l] = fma_exact(_mm512_cvtepi32_ps(sums), scale, acc[l]);
+      if (wm != nullptr)
+        acc[l] = fma_exact(_mm512_set1_ps(wm[n * groups + g]), _mm512_loadu_ps(x.sum.data() + at), acc[l]);
+    }
+  }
+  for (int64_t l = 0; l < 8; ++l) acc[l] = add_exact(acc[l], acc[l + 8]);
+  for (int64_t l = 0; l < 4; ++l) acc[l] = add_exact(acc[l], acc[l + 4]);
+  for (int64_t l = 0; l < 2; ++l) acc[l] = add_exact(acc[l], acc[l + 2]);
+  alignas(64) float total[16];
+  _mm512_store_ps(total, add_exact(acc[0], acc[1]));
+  for (int64_t r = 0; r < rows; ++r) out[(a * 16 + r) * N + n] = total[r];
+}
+#endif
+
+#ifndef STRATA_Q_LANES16
 // Weight row n against MR quantized activation rows: per block the int32 sums, scaled by d_w * d_x, added in fp32
 // lanes by one explicit FMA (no contraction left to the compiler, which could differ between batch sizes); then Q4's
 // minimums term. Prefetching kAheadBytes ahead pays here from one row on, unlike the float paths: on the AMX Xeon the
@@ -467,21 +620,37 @@ inline void fold_quantized_row(const char* w, const float* ws, const float* wm, 
     out[(m0 + i) * N + n] = total;
   }
 }
+#endif
 
 // Every activation row against weight rows begin..end-1, one weight row at a time (as stream() does), 4 activation
 // rows a pass (8 measured the same: at 16-32 rows the per-row integer and scaling work costs, not the weight blocks).
+#ifdef STRATA_Q_LANES16
+constexpr int64_t kInterleaveFromRows = 8;   // rows of a group from which the interleaved kernel runs it
+#define STRATA_ROW_KERNEL fold_row_lanes16
+#else
+#define STRATA_ROW_KERNEL fold_quantized_row
+#endif
+
 template <typename Blocks>
-void fold_quantized(const char* w, const float* ws, const float* wm, const QuantizedRows& x, int64_t M, int64_t K,
-                    float* out, int64_t N, int64_t begin, int64_t end) {
-  for (int64_t n = begin; n < end; ++n)
-    for (int64_t m = 0; m < M; m += 4) {
+void fold_quantized(const char* w, const float* ws, const float* wm, const QuantizedRows& x,
+                    const void* interleaved, int64_t M, int64_t K, float* out, int64_t N, int64_t begin,
+                    int64_t end) {
+  for (int64_t n = begin; n < end; ++n) {
+    int64_t m = 0;
+#ifdef STRATA_Q_LANES16
+    for (; interleaved != nullptr && M - m >= kInterleaveFromRows; m += 16)
+      fold_interleaved<Blocks>(w, ws, wm, *static_cast<const InterleavedRows*>(interleaved), m / 16,
+                               std::min<int64_t>(16, M - m), K, out, N, n);
+#endif
+    for (; m < M; m += 4) {
       switch (std::min<int64_t>(4, M - m)) {
-        case 1: fold_quantized_row<Blocks, 1>(w, ws, wm, x, m, K, out, N, n); break;
-        case 2: fold_quantized_row<Blocks, 2>(w, ws, wm, x, m, K, out, N, n); break;
-        case 3: fold_quantized_row<Blocks, 3>(w, ws, wm, x, m, K, out, N, n); break;
-        default: fold_quantized_row<Blocks, 4>(w, ws, wm, x, m, K, out, N, n); break;
+        case 1: STRATA_ROW_KERNEL<Blocks, 1>(w, ws, wm, x, m, K, out, N, n); break;
+        case 2: STRATA_ROW_KERNEL<Blocks, 2>(w, ws, wm, x, m, K, out, N, n); break;
+        case 3: STRATA_ROW_KERNEL<Blocks, 3>(w, ws, wm, x, m, K, out, N, n); break;
+        default: STRATA_ROW_KERNEL<Blocks, 4>(w, ws, wm, x, m, K, out, N, n); break;
       }
     }
+  }
 }
 
 template <typename Blocks>
@@ -489,8 +658,15 @@ void stream_quantized(const void* w, const float* ws, const float* wm, const flo
                       float* out, int64_t N) {
   const QuantizedRows rows(x, M, K, Blocks::kOffsetActivations);
   const char* bytes = static_cast<const char*>(w);
+#ifdef STRATA_Q_LANES16
+  const std::optional<InterleavedRows> interleaved =
+      M >= kInterleaveFromRows ? std::optional<InterleavedRows>(std::in_place, rows, M, K) : std::nullopt;
+  const void* batched = interleaved ? &*interleaved : nullptr;
+#else
+  const void* batched = nullptr;
+#endif
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    fold_quantized<Blocks>(bytes, ws, wm, rows, M, K, out, N, begin, end);
+    fold_quantized<Blocks>(bytes, ws, wm, rows, batched, M, K, out, N, begin, end);
   });
 }
 constexpr bool kQuantizedDot = true;
