@@ -430,23 +430,26 @@ struct Q4Blocks {
 // took Q8_0 29-35 -> 16-18 ms at 16 rows and 60-65 -> 31-38 at 32, Q4 35-39 -> 17-21 and 73-76 -> 30-37, the same
 // within noise at 1-6 rows (benchmarks/results/cpu_profile/q_interleaved_ab.json).
 
-// Lane b of the result: the sum of block b's 8 lanes, from 8 vectors of block pairs (lanes 0-7: block 2p, 8-15: 2p+1).
-inline __m512i fold_lanes(__m512i x, __m512i y, int width) {   // blocks of `width` lanes -> twice as many of width/2
-  alignas(64) int32_t lo[16], hi[16];
-  const int half = width / 2, per_vector = 16 / width;
-  for (int o = 0; o < 16; ++o) {
-    const int block = o / half, j = o % half;
-    const int base = (block % per_vector) * width + (block < per_vector ? 0 : 16);
-    lo[o] = base + j;
-    hi[o] = base + j + half;
-  }
-  return _mm512_add_epi32(_mm512_permutex2var_epi32(x, _mm512_load_si512(lo), y),
-                          _mm512_permutex2var_epi32(x, _mm512_load_si512(hi), y));
+// Lane indices for _mm512_permutex2var_epi32 (0-15: x, 16-31: y): blocks of `width` lanes -> twice as many blocks of
+// width / 2, each lane the sum of lanes j and j + width / 2 of its block (x's blocks first, then y's).
+alignas(64) constexpr int32_t kFoldLanes[3][2][16] = {
+    {{0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27},
+     {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}},   // width 8
+    {{0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29},
+     {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}},   // width 4
+    {{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30},
+     {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}},   // width 2
+};
+template <int Level>   // 0: width 8, 1: width 4, 2: width 2
+inline __m512i fold_lanes(__m512i x, __m512i y) {
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(x, _mm512_load_si512(kFoldLanes[Level][0]), y),
+                          _mm512_permutex2var_epi32(x, _mm512_load_si512(kFoldLanes[Level][1]), y));
 }
+// Lane b of the result: the sum of block b's 8 lanes, from 8 vectors of block pairs (lanes 0-7: block 2p, 8-15: 2p+1).
 inline __m512i block_sums16(const __m512i (&pairs)[8]) {
-  const __m512i a = fold_lanes(pairs[0], pairs[1], 8), b = fold_lanes(pairs[2], pairs[3], 8);
-  const __m512i c = fold_lanes(pairs[4], pairs[5], 8), d = fold_lanes(pairs[6], pairs[7], 8);
-  return fold_lanes(fold_lanes(a, b, 4), fold_lanes(c, d, 4), 2);
+  const __m512i a = fold_lanes<0>(pairs[0], pairs[1]), b = fold_lanes<0>(pairs[2], pairs[3]);
+  const __m512i c = fold_lanes<0>(pairs[4], pairs[5]), d = fold_lanes<0>(pairs[6], pairs[7]);
+  return fold_lanes<2>(fold_lanes<1>(a, b), fold_lanes<1>(c, d));
 }
 
 // The float steps as rounding intrinsics: -ffast-math may reassociate plain vector arithmetic, and both kernels must
