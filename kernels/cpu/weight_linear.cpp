@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -326,18 +327,23 @@ struct QuantizedRows {
 
 #if defined(STRATA_VECTOR) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
-// Two blocks per 512-bit vector: int32 lanes 0-7 hold block k's sums, 8-15 block k + 1's (zero for a lone last block).
+// A row's codes: two blocks per 512-bit vector, int32 lanes 0-7 holding block k's sums, 8-15 block k + 1's (zero
+// for a lone last block). Sixteen blocks per fp32 accumulator, one lane each, and 16 rows per interleaved group.
+constexpr int64_t kChunkBlocks = 16;
+constexpr int64_t kUnitBlocks = 2;
 using QInt = __m512i;
+using QVec = __m512;
 inline QInt load_codes(const int8_t* p, bool pair) {
   return pair ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(0xFFFFFFFFull, p);
 }
-inline QInt dot_u8_s8(QInt u, QInt s) { return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s); }
+inline QInt i_zero() { return _mm512_setzero_si512(); }
+inline QInt i_load(const void* p) { return _mm512_loadu_si512(p); }
+inline QInt i_set1(uint32_t v) { return _mm512_set1_epi32(static_cast<int32_t>(v)); }
 inline QInt dot_u8_s8_onto(QInt acc, QInt u, QInt s) { return _mm512_dpbusd_epi32(acc, u, s); }
 inline QInt minus_128_lane_sums(QInt s) {   // -128 * (sum of each int32 lane's 4 signed bytes)
-  return _mm512_sub_epi32(_mm512_setzero_si512(), dot_u8_s8(_mm512_set1_epi8(static_cast<char>(0x80)), s));
+  return _mm512_sub_epi32(i_zero(), dot_u8_s8_onto(i_zero(), _mm512_set1_epi8(static_cast<char>(0x80)), s));
 }
 #define STRATA_Q8_OFFSET 1
-#define STRATA_Q_LANES16 1
 inline QInt nibbles(const uint8_t* p, bool pair) {   // two blocks' 16 code bytes -> 32 codes each, in value order
   const __m256i bytes = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)) : _mm256_maskz_loadu_epi8(0xFFFF, p);
   const __m256i low = _mm256_and_si256(bytes, _mm256_set1_epi8(0x0F));
@@ -345,91 +351,26 @@ inline QInt nibbles(const uint8_t* p, bool pair) {   // two blocks' 16 code byte
   return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(low, high, 0x20)),
                             _mm256_permute2x128_si256(low, high, 0x31), 1);
 }
-#define STRATA_Q_DOT 1
-#elif defined(STRATA_VECTOR) && defined(__AVX2__)
-// One block per 256-bit vector.
-constexpr int64_t kQStep = kGroup;
-using QVec = __m256;
-using QInt = __m256i;
-inline QVec q_zero() { return _mm256_setzero_ps(); }
-inline float q_sum(QVec v) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+// The float steps as rounding intrinsics: -ffast-math may reassociate plain vector arithmetic, and the row and the
+// interleaved kernels must round the same operations in the same order.
+constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+inline QVec q_zero() { return _mm512_setzero_ps(); }
+inline QVec q_set1(float v) { return _mm512_set1_ps(v); }
+inline QVec q_load(const float* p) { return _mm512_loadu_ps(p); }
+inline QVec q_load_first(const float* p, int64_t n) {   // lanes 0..n-1, zeros after
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p);
 }
-inline QVec block_scales(const float* s, bool) { return _mm256_set1_ps(*s); }
-inline QInt load_codes(const int8_t* p, bool) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-#if defined(__AVXVNNI__)
-inline QInt dot_u8_s8(QInt u, QInt s) { return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s); }
-inline QInt dot_u8_s8_onto(QInt acc, QInt u, QInt s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
-inline QInt minus_128_lane_sums(QInt s) {
-  return _mm256_sub_epi32(_mm256_setzero_si256(), dot_u8_s8(_mm256_set1_epi8(static_cast<char>(0x80)), s));
+inline void q_store(float* p, QVec v) { _mm512_storeu_ps(p, v); }
+inline QVec q_cvt(QInt v) { return _mm512_cvtepi32_ps(v); }
+inline QVec q_add(QVec a, QVec b) { return _mm512_add_round_ps(a, b, kNearest); }
+inline QVec q_mul(QVec a, QVec b) { return _mm512_mul_round_ps(a, b, kNearest); }
+inline QVec q_fma(QVec a, QVec b, QVec c) { return _mm512_fmadd_round_ps(a, b, c, kNearest); }
+inline float lane_tree_sum(QVec v) {   // lanes l + (l + 8), then 4, 2, 1 apart
+  v = q_add(v, _mm512_shuffle_f32x4(v, v, 0x4E));
+  v = q_add(v, _mm512_shuffle_f32x4(v, v, 0xB1));
+  v = q_add(v, _mm512_permute_ps(v, 0x4E));
+  return _mm512_cvtss_f32(q_add(v, _mm512_permute_ps(v, 0xB1)));
 }
-#define STRATA_Q8_OFFSET 1
-#else   // u * s in pairs fits int16 (at most 2 * 128 * 127), then pairs of those summed in int32; saturates past that
-inline QInt dot_u8_s8(QInt u, QInt s) { return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)); }
-inline QInt q_abs(QInt v) { return _mm256_abs_epi8(v); }
-inline QInt negate_where(QInt x, QInt w) { return _mm256_sign_epi8(x, w); }   // also 0 where w = 0: |w| = 0 there
-#endif
-inline QInt nibbles(const uint8_t* p, bool) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
-  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
-  return _mm256_set_m128i(high, low);
-}
-inline QVec q_fold(QVec acc, QInt sums, QVec scale) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc); }
-inline QVec q_mul(QVec a, QVec b) { return _mm256_mul_ps(a, b); }
-#define STRATA_Q_DOT 1
-#endif
-
-#ifdef STRATA_Q_DOT
-#ifdef STRATA_Q8_OFFSET
-// One or two Q8_0 weight blocks against activations offset to unsigned (u = q + 128): VNNI sums u8 x s8 products
-// without saturating, so each lane's sum of u * w, started from -128 * its sum of w (taken once per weight block for
-// every activation row), is exactly its sum of q * w: one instruction per block and row where the sign trick below
-// takes three. Where those per-row instructions bound the step, the AMX Xeon's Q8_0 linears of a SmolLM2 step took
-// 37.1-37.8 -> 32.2-35.1 ms at 16 rows and 72-80 -> 61-70 at 32 (the same integers, so the same outputs).
-struct Q8Blocks {
-  static constexpr int64_t kBytesPer32 = 32;
-  static constexpr bool kOffsetActivations = true;
-  QInt w, start;
-  Q8Blocks() = default;
-  Q8Blocks(const void* p, bool pair)
-      : w(load_codes(static_cast<const int8_t*>(p), pair)), start(minus_128_lane_sums(w)) {}
-  QInt sums(QInt u) const { return dot_u8_s8_onto(start, u, w); }
-};
-#else
-// One or two Q8_0 weight blocks: |w| as unsigned bytes, the activations negated where w < 0 (AVX2's maddubs
-// saturates its int16 pair sums, which rules out offsetting the activations to unsigned as above).
-struct Q8Blocks {
-  static constexpr int64_t kBytesPer32 = 32;
-  static constexpr bool kOffsetActivations = false;
-  QInt w, magnitude;
-  Q8Blocks(const void* p, bool pair)
-      : w(load_codes(static_cast<const int8_t*>(p), pair)), magnitude(q_abs(w)) {}
-  QInt sums(QInt x) const { return dot_u8_s8(magnitude, negate_where(x, w)); }
-};
-#endif
-
-// One or two Q4 weight blocks: the 4-bit codes (0..15) as unsigned bytes.
-struct Q4Blocks {
-  static constexpr int64_t kBytesPer32 = 16;
-  static constexpr bool kOffsetActivations = false;
-  QInt codes;
-  Q4Blocks() = default;
-  Q4Blocks(const void* p, bool pair) : codes(nibbles(static_cast<const uint8_t*>(p), pair)) {}
-  QInt sums(QInt x) const { return dot_u8_s8(codes, x); }
-};
-
-#ifdef STRATA_Q_LANES16
-// AVX-512 VNNI: each block's exact int32 sum goes to lane g % 16 of an fp32 accumulator, which adds block g's
-// fma(sum, d_w * d_x) (then Q4's fma(min, d_x * sum(q))) in ascending g; a fixed tree (lanes 8, 4, 2, 1 apart) sums
-// the 16 lanes. Two kernels follow that order to the bit: one activation row at a time (below 8 rows), and 16 rows
-// interleaved in the lanes, each VNNI instruction taking one broadcast weight dword against 16 rows' codes, so the
-// scaling of block sums is shared by 16 rows instead of paid per row: the linears of a SmolLM2 step on the AMX Xeon
-// took Q8_0 29-35 -> 16-18 ms at 16 rows and 60-65 -> 31-38 at 32, Q4 35-39 -> 17-21 and 73-76 -> 30-37, the same
-// within noise at 1-6 rows (benchmarks/results/cpu_profile/q_interleaved_ab.json).
-
 // Lane indices for _mm512_permutex2var_epi32 (0-15: x, 16-31: y): blocks of `width` lanes -> twice as many blocks of
 // width / 2, each lane the sum of lanes j and j + width / 2 of its block (x's blocks first, then y's).
 alignas(64) constexpr int32_t kFoldLanes[3][2][16] = {
@@ -441,216 +382,264 @@ alignas(64) constexpr int32_t kFoldLanes[3][2][16] = {
      {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}},   // width 2
 };
 template <int Level>   // 0: width 8, 1: width 4, 2: width 2
-inline __m512i fold_lanes(__m512i x, __m512i y) {
+inline QInt fold_lanes(QInt x, QInt y) {
   return _mm512_add_epi32(_mm512_permutex2var_epi32(x, _mm512_load_si512(kFoldLanes[Level][0]), y),
                           _mm512_permutex2var_epi32(x, _mm512_load_si512(kFoldLanes[Level][1]), y));
 }
-// Lane b of the result: the sum of block b's 8 lanes, from 8 vectors of block pairs (lanes 0-7: block 2p, 8-15: 2p+1).
-inline __m512i block_sums16(const __m512i (&pairs)[8]) {
-  const __m512i a = fold_lanes<0>(pairs[0], pairs[1]), b = fold_lanes<0>(pairs[2], pairs[3]);
-  const __m512i c = fold_lanes<0>(pairs[4], pairs[5]), d = fold_lanes<0>(pairs[6], pairs[7]);
-  return fold_lanes<2>(fold_lanes<1>(a, b), fold_lanes<1>(c, d));
+// Lane b of the result: the sum of block b's 8 lanes, from unit(0..7), vectors of block pairs (lanes 0-7: block 2p,
+// 8-15: 2p+1), each asked for just before it is folded (fewer vectors live at once).
+template <typename Unit>
+inline QInt chunk_sums(const Unit& unit) {
+  const QInt a = fold_lanes<0>(unit(0), unit(1)), b = fold_lanes<0>(unit(2), unit(3));
+  const QInt ab = fold_lanes<1>(a, b);
+  const QInt c = fold_lanes<0>(unit(4), unit(5)), d = fold_lanes<0>(unit(6), unit(7));
+  return fold_lanes<2>(ab, fold_lanes<1>(c, d));
 }
-
-// The float steps as rounding intrinsics: -ffast-math may reassociate plain vector arithmetic, and both kernels must
-// round the same operations in the same order.
-constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-inline __m512 add_exact(__m512 a, __m512 b) { return _mm512_add_round_ps(a, b, kNearest); }
-inline __m512 mul_exact(__m512 a, __m512 b) { return _mm512_mul_round_ps(a, b, kNearest); }
-inline __m512 fma_exact(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_round_ps(a, b, c, kNearest); }
-
-inline float lane_tree_sum(__m512 v) {   // lanes l + (l + 8), then 4, 2, 1 apart
-  v = add_exact(v, _mm512_shuffle_f32x4(v, v, 0x4E));
-  v = add_exact(v, _mm512_shuffle_f32x4(v, v, 0xB1));
-  v = add_exact(v, _mm512_permute_ps(v, 0x4E));
-  return _mm512_cvtss_f32(add_exact(v, _mm512_permute_ps(v, 0xB1)));
+#define STRATA_Q_DOT 1
+#elif defined(STRATA_VECTOR) && defined(__AVX2__)
+// A row's codes: one block per 256-bit vector. Eight blocks per fp32 accumulator, one lane each, and 8 rows per
+// interleaved group.
+constexpr int64_t kChunkBlocks = 8;
+constexpr int64_t kUnitBlocks = 1;
+using QInt = __m256i;
+using QVec = __m256;
+inline QInt load_codes(const int8_t* p, bool) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline QInt i_zero() { return _mm256_setzero_si256(); }
+inline QInt i_load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline QInt i_set1(uint32_t v) { return _mm256_set1_epi32(static_cast<int32_t>(v)); }
+#if defined(__AVXVNNI__)
+inline QInt dot_u8_s8_onto(QInt acc, QInt u, QInt s) { return _mm256_dpbusd_avx_epi32(acc, u, s); }
+inline QInt minus_128_lane_sums(QInt s) {
+  return _mm256_sub_epi32(i_zero(), dot_u8_s8_onto(i_zero(), _mm256_set1_epi8(static_cast<char>(0x80)), s));
 }
+#define STRATA_Q8_OFFSET 1
+#else   // u * s in pairs fits int16 (at most 2 * 128 * 127), then pairs of those summed in int32; saturates past that
+inline QInt dot_u8_s8_onto(QInt acc, QInt u, QInt s) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+inline QInt q_abs(QInt v) { return _mm256_abs_epi8(v); }
+inline QInt negate_where(QInt x, QInt w) { return _mm256_sign_epi8(x, w); }   // also 0 where w = 0: |w| = 0 there
+#endif
+inline QInt nibbles(const uint8_t* p, bool) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+  return _mm256_set_m128i(high, low);
+}
+// AVX2 has no rounding-mode intrinsics: adds and products go through the FMA builtin (a * 1 + b, a * b + 0), which
+// the compiler does not reassociate, so the row and the interleaved kernels round the same operations alike.
+inline QVec q_zero() { return _mm256_setzero_ps(); }
+inline QVec q_set1(float v) { return _mm256_set1_ps(v); }
+inline QVec q_load(const float* p) { return _mm256_loadu_ps(p); }
+inline QVec q_load_first(const float* p, int64_t n) {   // lanes 0..n-1, zeros after
+  const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(n)), lanes));
+}
+inline void q_store(float* p, QVec v) { _mm256_storeu_ps(p, v); }
+inline QVec q_cvt(QInt v) { return _mm256_cvtepi32_ps(v); }
+inline QVec q_add(QVec a, QVec b) { return _mm256_fmadd_ps(a, _mm256_set1_ps(1.0f), b); }
+inline QVec q_mul(QVec a, QVec b) { return _mm256_fmadd_ps(a, b, _mm256_setzero_ps()); }
+inline QVec q_fma(QVec a, QVec b, QVec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float lane_tree_sum(QVec v) {   // lanes l + (l + 4), then 2, 1 apart
+  v = q_add(v, _mm256_permute2f128_ps(v, v, 0x01));
+  v = q_add(v, _mm256_permute_ps(v, 0x4E));
+  return _mm256_cvtss_f32(q_add(v, _mm256_permute_ps(v, 0xB1)));
+}
+// Lane b of the result: the sum of block b's 8 lanes, from unit(0..7), one vector per block, each asked for just
+// before it is folded (16 vector registers: fewer live at once).
+template <typename Unit>
+inline QInt chunk_sums(const Unit& unit) {
+  const QInt low01 = _mm256_hadd_epi32(unit(0), unit(1));
+  const QInt low = _mm256_hadd_epi32(low01, _mm256_hadd_epi32(unit(2), unit(3)));
+  const QInt high45 = _mm256_hadd_epi32(unit(4), unit(5));
+  const QInt high = _mm256_hadd_epi32(high45, _mm256_hadd_epi32(unit(6), unit(7)));
+  // low: blocks 0-3's sums of lanes 0-3 | of lanes 4-7; high: the same for blocks 4-7
+  return _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
+}
+#define STRATA_Q_DOT 1
+#endif
 
-// Rows m0..m0+MR-1 against weight row n, 16 blocks at a time.
+#ifdef STRATA_Q_DOT
+// Every Q8_0 / Q4 output: each block's exact int32 sum goes to lane g % kChunkBlocks of an fp32 accumulator, which
+// adds block g's fma(sum, d_w * d_x) (then Q4's fma(min, d_x * sum(q))) in ascending g; a fixed tree (lanes 8, 4, 2, 1
+// apart) ends it. Two kernels follow that order to the bit, so a row's outputs never depend on its batch: one
+// activation row at a time (few rows), and kChunkBlocks rows interleaved in the lanes, each integer dot product taking
+// one broadcast weight dword against every row's codes, so scaling a block's sums is paid once for all of them
+// instead of per row: on AVX-512 VNNI the linears of a SmolLM2 step on the AMX Xeon took Q8_0 29-35 -> 16-18 ms at 16
+// rows and 60-65 -> 31-38 at 32, Q4 35-39 -> 17-21 and 73-76 -> 30-37, the same within noise at 1-6 rows
+// (benchmarks/results/cpu_profile/q_interleaved_ab.json).
+#ifdef STRATA_Q8_OFFSET
+// One unit of Q8_0 weight blocks against activations offset to unsigned (u = q + 128): VNNI sums u8 x s8 products
+// without saturating, so each lane's sum of u * w, started from -128 * its sum of w (taken once per weight block for
+// every activation row), is exactly its sum of q * w: one instruction per block and row where the sign trick below
+// takes three. Interleaved, the roles swap: the weights enter as w + 128 and each row's sum starts from -128 * sum(q).
+struct Q8Blocks {
+  static constexpr int64_t kBytesPer32 = 32;
+  static constexpr bool kOffsetActivations = true;
+  static constexpr bool kInterleavedStart = true;
+  QInt w, start;
+  Q8Blocks() = default;
+  Q8Blocks(const void* p, bool pair)
+      : w(load_codes(static_cast<const int8_t*>(p), pair)), start(minus_128_lane_sums(w)) {}
+  QInt sums(QInt u) const { return dot_u8_s8_onto(start, u, w); }
+  static void dwords(const char* p, uint32_t* out) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                        _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                                         _mm256_set1_epi8(static_cast<char>(0x80))));
+  }
+  static QInt dot_dword(QInt acc, uint32_t dword, QInt rows) { return dot_u8_s8_onto(acc, i_set1(dword), rows); }
+};
+#else
+// One Q8_0 weight block: |w| as unsigned bytes, the activations negated where w < 0 (AVX2's maddubs saturates its
+// int16 pair sums, which rules out offsetting either side to unsigned as above).
+struct Q8Blocks {
+  static constexpr int64_t kBytesPer32 = 32;
+  static constexpr bool kOffsetActivations = false;
+  static constexpr bool kInterleavedStart = false;
+  QInt w, magnitude;
+  Q8Blocks() = default;
+  Q8Blocks(const void* p, bool) : w(load_codes(static_cast<const int8_t*>(p), true)), magnitude(q_abs(w)) {}
+  QInt sums(QInt x) const { return dot_u8_s8_onto(i_zero(), magnitude, negate_where(x, w)); }
+  static void dwords(const char* p, uint32_t* out) { std::memcpy(out, p, 32); }
+  static QInt dot_dword(QInt acc, uint32_t dword, QInt rows) {
+    const QInt w = i_set1(dword);
+    return dot_u8_s8_onto(acc, q_abs(w), negate_where(rows, w));
+  }
+};
+#endif
+
+// One unit of Q4 weight blocks: the 4-bit codes (0..15) as unsigned bytes.
+struct Q4Blocks {
+  static constexpr int64_t kBytesPer32 = 16;
+  static constexpr bool kOffsetActivations = false;
+  static constexpr bool kInterleavedStart = false;
+  QInt codes;
+  Q4Blocks() = default;
+  Q4Blocks(const void* p, bool pair) : codes(nibbles(static_cast<const uint8_t*>(p), pair)) {}
+  QInt sums(QInt x) const { return dot_u8_s8_onto(i_zero(), codes, x); }
+  static void dwords(const char* p, uint32_t* out) {   // value order: byte j holds code j (low) and j + 16 (high)
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_and_si128(bytes, _mm_set1_epi8(0x0F)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
+  }
+  static QInt dot_dword(QInt acc, uint32_t dword, QInt rows) { return dot_u8_s8_onto(acc, i_set1(dword), rows); }
+};
+
+// Rows m0..m0+MR-1 against weight row n, kChunkBlocks blocks at a time. Prefetching kAheadBytes ahead pays here from
+// one row on, unlike the float paths (on the AMX Xeon, Q4 at one row 7.8 -> 6.3 ms a step, in the AVX2 build at two
+// rows 14.0 -> 6.8).
 template <typename Blocks, int64_t MR>
-inline void fold_row_lanes16(const char* w, const float* ws, const float* wm, const QuantizedRows& x, int64_t m0,
-                             int64_t K, float* out, int64_t N, int64_t n) {
+inline void fold_rows(const char* w, const float* ws, const float* wm, const QuantizedRows& x, int64_t m0, int64_t K,
+                      float* out, int64_t N, int64_t n) {
   const int64_t groups = K / kGroup;
   const char* row = w + n * groups * Blocks::kBytesPer32;
   const int8_t* codes = Blocks::kOffsetActivations ? x.offset.data() : x.q.data();
-  __m512 acc[MR];
-  for (int64_t i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
-  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
-    const int64_t blocks = std::min<int64_t>(16, groups - g0);
-    const __mmask16 live = static_cast<__mmask16>((1u << blocks) - 1u);
+  QVec acc[MR];
+  for (int64_t i = 0; i < MR; ++i) acc[i] = q_zero();
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunkBlocks) {
+    const int64_t blocks = std::min<int64_t>(kChunkBlocks, groups - g0);
     const char* at = row + g0 * Blocks::kBytesPer32;
     for (int64_t line = 0; line < blocks * Blocks::kBytesPer32; line += kLineBytes)
       _mm_prefetch(at + line + kAheadBytes, _MM_HINT_T0);
-    const int64_t pair_count = (blocks + 1) / 2;
+    const int64_t units = (blocks + kUnitBlocks - 1) / kUnitBlocks;
     Blocks weight[8];
-    for (int64_t p = 0; p < pair_count; ++p) weight[p] = Blocks(at + 2 * p * Blocks::kBytesPer32, 2 * p + 1 < blocks);
-    const __m512 dw = _mm512_maskz_loadu_ps(live, ws + n * groups + g0);
-    const __m512 mins = wm != nullptr ? _mm512_maskz_loadu_ps(live, wm + n * groups + g0) : _mm512_setzero_ps();
+    for (int64_t u = 0; u < units; ++u)
+      weight[u] = Blocks(at + u * kUnitBlocks * Blocks::kBytesPer32, (u + 1) * kUnitBlocks <= blocks);
+    const QVec dw = q_load_first(ws + n * groups + g0, blocks);
+    const QVec mins = wm != nullptr ? q_load_first(wm + n * groups + g0, blocks) : q_zero();
     for (int64_t i = 0; i < MR; ++i) {
       const int64_t m = m0 + i;
-      __m512i pairs[8];
-      for (int64_t p = 0; p < 8; ++p)
-        pairs[p] = p < pair_count ? weight[p].sums(load_codes(codes + m * K + (g0 + 2 * p) * kGroup, 2 * p + 1 < blocks))
-                                  : _mm512_setzero_si512();
-      const __m512 scale = mul_exact(dw, _mm512_maskz_loadu_ps(live, x.d.data() + m * groups + g0));
-      acc[i] = fma_exact(_mm512_cvtepi32_ps(block_sums16(pairs)), scale, acc[i]);
-      if (wm != nullptr)
-        acc[i] = fma_exact(mins, _mm512_maskz_loadu_ps(live, x.sum.data() + m * groups + g0), acc[i]);
+      const int8_t* row_codes = codes + m * K + g0 * kGroup;
+      const auto unit = [&](int64_t u) {
+        return u < units ? weight[u].sums(load_codes(row_codes + u * kUnitBlocks * kGroup, (u + 1) * kUnitBlocks <= blocks))
+                         : i_zero();
+      };
+      acc[i] = q_fma(q_cvt(chunk_sums(unit)), q_mul(dw, q_load_first(x.d.data() + m * groups + g0, blocks)), acc[i]);
+      if (wm != nullptr) acc[i] = q_fma(mins, q_load_first(x.sum.data() + m * groups + g0, blocks), acc[i]);
     }
   }
   for (int64_t i = 0; i < MR; ++i) out[(m0 + i) * N + n] = lane_tree_sum(acc[i]);
 }
 
-// Activation rows 16 at a time, interleaved for fold_interleaved: per row group a, block g and dword c, 16 rows' 4
-// codes; per (a, g) 16 rows' scales, d * sum(q) (Q4's minimums term) and -128 * sum(q) (the weights enter as w + 128).
+// Activation rows kChunkBlocks at a time, interleaved for fold_interleaved: per row group a, block g and dword c, the
+// rows' 4 codes each; per (a, g) the rows' scales, d * sum(q) (Q4's minimums term) and -128 * sum(q).
 struct InterleavedRows {
-  int64_t row_groups;
   std::vector<int8_t> q;
   std::vector<float> d, sum;
   std::vector<int32_t> start;
   InterleavedRows(const QuantizedRows& x, int64_t M, int64_t K)
-      : row_groups((M + 15) / 16), q(row_groups * 16 * K), d(row_groups * 16 * (K / kGroup)),
-        sum(d.size()), start(d.size()) {
+      : q((M + kChunkBlocks - 1) / kChunkBlocks * kChunkBlocks * K), d(q.size() / kGroup), sum(d.size()),
+        start(d.size()) {
     const int64_t groups = K / kGroup;
     for (int64_t m = 0; m < M; ++m) {
-      const int64_t a = m / 16, lane = m % 16;
+      const int64_t a = m / kChunkBlocks, lane = m % kChunkBlocks;
       for (int64_t g = 0; g < groups; ++g) {
+        const int64_t at = (a * groups + g) * kChunkBlocks;
         const int8_t* src = x.q.data() + m * K + g * kGroup;
         int32_t total = 0;
         for (int64_t c = 0; c < kGroup / 4; ++c)
           for (int64_t b = 0; b < 4; ++b) {
-            q[(((a * groups + g) * 8 + c) * 16 + lane) * 4 + b] = src[c * 4 + b];
+            q[(at * 8 + c * kChunkBlocks + lane) * 4 + b] = src[c * 4 + b];
             total += src[c * 4 + b];
           }
-        const int64_t at = (a * groups + g) * 16 + lane;
-        d[at] = x.d[m * groups + g];
-        sum[at] = x.sum[m * groups + g];
-        start[at] = -128 * total;
+        d[at + lane] = x.d[m * groups + g];
+        sum[at + lane] = x.sum[m * groups + g];
+        start[at + lane] = -128 * total;
       }
     }
   }
 };
 
-// A Q8_0 block's 32 codes + 128 (unsigned), or a Q4 block's 32 codes in value order, as 8 dwords to broadcast.
-inline void unsigned_codes(const Q8Blocks*, const char* p, uint32_t* dwords) {
-  _mm256_store_si256(reinterpret_cast<__m256i*>(dwords),
-                     _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
-                                      _mm256_set1_epi8(static_cast<char>(0x80))));
-}
-inline void unsigned_codes(const Q4Blocks*, const char* p, uint32_t* dwords) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
-  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(dwords), _mm256_set_m128i(high, low));
-}
-
-// Row group a (activation rows 16a..16a+rows-1) against weight row n: lane r of each vector is row 16a + r, and
-// accumulator l takes blocks l, l + 16, ..., so every output is the row kernel's chain, operation for operation.
+// Row group a (activation rows a * kChunkBlocks + r, r < rows) against weight row n: lane r of each vector is one
+// row, and accumulator l takes blocks l, l + kChunkBlocks, ...: each output is fold_rows' chain, op for op.
 template <typename Blocks>
 inline void fold_interleaved(const char* w, const float* ws, const float* wm, const InterleavedRows& x, int64_t a,
                              int64_t rows, int64_t K, float* out, int64_t N, int64_t n) {
   const int64_t groups = K / kGroup;
   const char* row = w + n * groups * Blocks::kBytesPer32;
   alignas(32) uint32_t dwords[8];
-  __m512 acc[16];
-  for (int64_t l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
-  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
-    for (int64_t line = 0; line < std::min<int64_t>(16, groups - g0) * Blocks::kBytesPer32; line += kLineBytes)
+  QVec acc[kChunkBlocks];
+  for (int64_t l = 0; l < kChunkBlocks; ++l) acc[l] = q_zero();
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunkBlocks) {
+    for (int64_t line = 0; line < std::min(kChunkBlocks, groups - g0) * Blocks::kBytesPer32; line += kLineBytes)
       _mm_prefetch(row + g0 * Blocks::kBytesPer32 + line + kAheadBytes, _MM_HINT_T0);
-    for (int64_t l = 0; l < 16; ++l) {
-      const int64_t g = g0 + l;
-      if (g >= groups) break;
-      unsigned_codes(static_cast<const Blocks*>(nullptr), row + g * Blocks::kBytesPer32, dwords);
-      const int64_t at = (a * groups + g) * 16;
-      __m512i sums = Blocks::kOffsetActivations ? _mm512_loadu_si512(x.start.data() + at) : _mm512_setzero_si512();
+    for (int64_t l = 0; l < kChunkBlocks && g0 + l < groups; ++l) {
+      const int64_t g = g0 + l, at = (a * groups + g) * kChunkBlocks;
+      Blocks::dwords(row + g * Blocks::kBytesPer32, dwords);
+      QInt sums = Blocks::kInterleavedStart ? i_load(x.start.data() + at) : i_zero();
       const int8_t* codes = x.q.data() + at * kGroup;
-      for (int64_t c = 0; c < 8; ++c)
-        sums = _mm512_dpbusd_epi32(sums, _mm512_set1_epi32(static_cast<int32_t>(dwords[c])),
-                                   _mm512_loadu_si512(codes + c * 64));
-      const __m512 scale = mul_exact(_mm512_set1_ps(ws[n * groups + g]), _mm512_loadu_ps(x.d.data() + at));
-      acc[l] = fma_exact(_mm512_cvtepi32_ps(sums), scale, acc[l]);
-      if (wm != nullptr)
-        acc[l] = fma_exact(_mm512_set1_ps(wm[n * groups + g]), _mm512_loadu_ps(x.sum.data() + at), acc[l]);
+      for (int64_t c = 0; c < 8; ++c) sums = Blocks::dot_dword(sums, dwords[c], i_load(codes + c * kChunkBlocks * 4));
+      acc[l] = q_fma(q_cvt(sums), q_mul(q_set1(ws[n * groups + g]), q_load(x.d.data() + at)), acc[l]);
+      if (wm != nullptr) acc[l] = q_fma(q_set1(wm[n * groups + g]), q_load(x.sum.data() + at), acc[l]);
     }
   }
-  for (int64_t l = 0; l < 8; ++l) acc[l] = add_exact(acc[l], acc[l + 8]);
-  for (int64_t l = 0; l < 4; ++l) acc[l] = add_exact(acc[l], acc[l + 4]);
-  for (int64_t l = 0; l < 2; ++l) acc[l] = add_exact(acc[l], acc[l + 2]);
-  alignas(64) float total[16];
-  _mm512_store_ps(total, add_exact(acc[0], acc[1]));
-  for (int64_t r = 0; r < rows; ++r) out[(a * 16 + r) * N + n] = total[r];
+  for (int64_t width = kChunkBlocks / 2; width >= 1; width /= 2)
+    for (int64_t l = 0; l < width; ++l) acc[l] = q_add(acc[l], acc[l + width]);
+  alignas(64) float total[kChunkBlocks];
+  q_store(total, acc[0]);
+  for (int64_t r = 0; r < rows; ++r) out[(a * kChunkBlocks + r) * N + n] = total[r];
 }
-#endif
 
-#ifndef STRATA_Q_LANES16
-// Weight row n against MR quantized activation rows: per block the int32 sums, scaled by d_w * d_x, added in fp32
-// lanes by one explicit FMA (no contraction left to the compiler, which could differ between batch sizes); then Q4's
-// minimums term. Prefetching kAheadBytes ahead pays here from one row on, unlike the float paths: on the AMX Xeon the
-// linears of a SmolLM2 step with weights streamed from DRAM took Q4 7.8 -> 6.3 ms and Q8_0 10.3 -> 8.4-9.4 ms at one
-// row; in the AVX2 build (-march=haswell, same CPU) Q4 14.0 -> 6.8 and Q8_0 19.8 -> 10.9 at two.
-template <typename Blocks, int64_t MR>
-inline void fold_quantized_row(const char* w, const float* ws, const float* wm, const QuantizedRows& x, int64_t m0,
-                               int64_t K, float* out, int64_t N, int64_t n) {
-  const int64_t groups = K / kGroup;
-  const int64_t row_bytes = K / kGroup * Blocks::kBytesPer32;
-  const char* row = w + n * row_bytes;
-  const float* row_scales = ws + n * groups;
-  const int8_t* codes = Blocks::kOffsetActivations ? x.offset.data() : x.q.data();
-  QVec a[MR];
-  for (int64_t i = 0; i < MR; ++i) a[i] = q_zero();
-  for (int64_t k = 0; k < K; k += kQStep) {
-    const int64_t g = k / kGroup;
-    const char* at = row + g * Blocks::kBytesPer32;
-    if ((g * Blocks::kBytesPer32) % kLineBytes == 0) _mm_prefetch(at + kAheadBytes, _MM_HINT_T0);
-    const bool pair = k + kQStep <= K;
-    const Blocks blocks(at, pair);
-    const QVec scale = block_scales(row_scales + g, pair);
-    for (int64_t i = 0; i < MR; ++i) {
-      const int64_t m = m0 + i;
-      const QInt xq = load_codes(codes + m * K + k, pair);
-      a[i] = q_fold(a[i], blocks.sums(xq), q_mul(scale, block_scales(x.d.data() + m * groups + g, pair)));
-    }
-  }
-  for (int64_t i = 0; i < MR; ++i) {
-    float total = q_sum(a[i]);
-    if (wm != nullptr) {
-      const float* mins = wm + n * groups;
-      const float* block_sums = x.sum.data() + (m0 + i) * groups;
-      float offset = 0.f;
-      for (int64_t g = 0; g < groups; ++g) offset += mins[g] * block_sums[g];
-      total += offset;
-    }
-    out[(m0 + i) * N + n] = total;
-  }
-}
-#endif
+// Rows of a group from which the interleaved kernel runs it: at 6 rows it was the faster of the two on both widths,
+// at 4 the row kernel (cpu_profile/q_interleaved_ab.json, q_interleaved_avx2_ab.json).
+constexpr int64_t kInterleaveFromRows = 6;
 
-// Every activation row against weight rows begin..end-1, one weight row at a time (as stream() does), 4 activation
-// rows a pass (8 measured the same: at 16-32 rows the per-row integer and scaling work costs, not the weight blocks).
-#ifdef STRATA_Q_LANES16
-constexpr int64_t kInterleaveFromRows = 8;   // rows of a group from which the interleaved kernel runs it
-#define STRATA_ROW_KERNEL fold_row_lanes16
-#else
-#define STRATA_ROW_KERNEL fold_quantized_row
-#endif
-
+// Every activation row against weight rows begin..end-1, one weight row at a time (as stream() does): full-enough
+// groups interleaved, the rest 4 rows a pass.
 template <typename Blocks>
 void fold_quantized(const char* w, const float* ws, const float* wm, const QuantizedRows& x,
-                    const void* interleaved, int64_t M, int64_t K, float* out, int64_t N, int64_t begin,
+                    const InterleavedRows* interleaved, int64_t M, int64_t K, float* out, int64_t N, int64_t begin,
                     int64_t end) {
   for (int64_t n = begin; n < end; ++n) {
     int64_t m = 0;
-#ifdef STRATA_Q_LANES16
-    for (; interleaved != nullptr && M - m >= kInterleaveFromRows; m += 16)
-      fold_interleaved<Blocks>(w, ws, wm, *static_cast<const InterleavedRows*>(interleaved), m / 16,
-                               std::min<int64_t>(16, M - m), K, out, N, n);
-#endif
+    for (; interleaved != nullptr && M - m >= kInterleaveFromRows; m += kChunkBlocks)
+      fold_interleaved<Blocks>(w, ws, wm, *interleaved, m / kChunkBlocks, std::min(kChunkBlocks, M - m), K, out, N, n);
     for (; m < M; m += 4) {
       switch (std::min<int64_t>(4, M - m)) {
-        case 1: STRATA_ROW_KERNEL<Blocks, 1>(w, ws, wm, x, m, K, out, N, n); break;
-        case 2: STRATA_ROW_KERNEL<Blocks, 2>(w, ws, wm, x, m, K, out, N, n); break;
-        case 3: STRATA_ROW_KERNEL<Blocks, 3>(w, ws, wm, x, m, K, out, N, n); break;
-        default: STRATA_ROW_KERNEL<Blocks, 4>(w, ws, wm, x, m, K, out, N, n); break;
+        case 1: fold_rows<Blocks, 1>(w, ws, wm, x, m, K, out, N, n); break;
+        case 2: fold_rows<Blocks, 2>(w, ws, wm, x, m, K, out, N, n); break;
+        case 3: fold_rows<Blocks, 3>(w, ws, wm, x, m, K, out, N, n); break;
+        default: fold_rows<Blocks, 4>(w, ws, wm, x, m, K, out, N, n); break;
       }
     }
   }
@@ -661,15 +650,10 @@ void stream_quantized(const void* w, const float* ws, const float* wm, const flo
                       float* out, int64_t N) {
   const QuantizedRows rows(x, M, K, Blocks::kOffsetActivations);
   const char* bytes = static_cast<const char*>(w);
-#ifdef STRATA_Q_LANES16
   const std::optional<InterleavedRows> interleaved =
       M >= kInterleaveFromRows ? std::optional<InterleavedRows>(std::in_place, rows, M, K) : std::nullopt;
-  const void* batched = interleaved ? &*interleaved : nullptr;
-#else
-  const void* batched = nullptr;
-#endif
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    fold_quantized<Blocks>(bytes, ws, wm, rows, batched, M, K, out, N, begin, end);
+    fold_quantized<Blocks>(bytes, ws, wm, rows, interleaved ? &*interleaved : nullptr, M, K, out, N, begin, end);
   });
 }
 constexpr bool kQuantizedDot = true;
