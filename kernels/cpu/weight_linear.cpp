@@ -300,12 +300,14 @@ constexpr float kInv127 = 1.0f / 127.0f;
 
 // Activations as Q8_0 blocks: codes q[m, k], scales d[m, k / 32] = max |x| * (1 / 127) with q = x / d rounded half to
 // even (what the tests' torch reference does, op for op), and d * sum(q) per block (Q4 minimums' term); with
-// `offset`, also q + 128 as unsigned bytes (stored as q XOR 0x80), for a kernel that multiplies unsigned activations.
+// `offset`, also q + 128 as unsigned bytes (stored as q XOR 0x80), for a kernel that multiplies unsigned activations;
+// code_sum, sum(q) per block as an integer.
 struct QuantizedRows {
   std::vector<int8_t> q, offset;
   std::vector<float> d, sum;
+  std::vector<int32_t> code_sum;
   QuantizedRows(const float* x, int64_t M, int64_t K, bool with_offset)
-      : q(M * K), offset(with_offset ? M * K : 0), d(M * (K / kGroup)), sum(M * (K / kGroup)) {
+      : q(M * K), offset(with_offset ? M * K : 0), d(M * (K / kGroup)), sum(d.size()), code_sum(d.size()) {
     for (int64_t b = 0; b < M * (K / kGroup); ++b) {
       const float* v = x + b * kGroup;
       float amax = 0.f;
@@ -320,10 +322,21 @@ struct QuantizedRows {
       }
       d[b] = scale;
       sum[b] = scale * static_cast<float>(total);
+      code_sum[b] = total;
     }
     for (size_t i = 0; i < offset.size(); ++i) offset[i] = static_cast<int8_t>(q[i] ^ 0x80);
   }
 };
+
+#if defined(STRATA_VECTOR) && defined(__AVX2__)
+// One Q4 block's 32 codes in value order (byte j of the block holds code j in its low nibble, j + 16 in its high).
+inline __m256i block_codes(const uint8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
+  return _mm256_set_m128i(high, low);
+}
+#endif
 
 #if defined(STRATA_VECTOR) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
@@ -420,12 +433,7 @@ inline QInt dot_u8_s8_onto(QInt acc, QInt u, QInt s) {
 inline QInt q_abs(QInt v) { return _mm256_abs_epi8(v); }
 inline QInt negate_where(QInt x, QInt w) { return _mm256_sign_epi8(x, w); }   // also 0 where w = 0: |w| = 0 there
 #endif
-inline QInt nibbles(const uint8_t* p, bool) {
-  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i low = _mm_and_si128(bytes, _mm_set1_epi8(0x0F));
-  const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F));
-  return _mm256_set_m128i(high, low);
-}
+inline QInt nibbles(const uint8_t* p, bool) { return block_codes(p); }
 // AVX2 has no rounding-mode intrinsics: adds and products go through the FMA builtin (a * 1 + b, a * b + 0), which
 // the compiler does not reassociate, so the row and the interleaved kernels round the same operations alike.
 inline QVec q_zero() { return _mm256_setzero_ps(); }
@@ -517,10 +525,8 @@ struct Q4Blocks {
   Q4Blocks() = default;
   Q4Blocks(const void* p, bool pair) : codes(nibbles(static_cast<const uint8_t*>(p), pair)) {}
   QInt sums(QInt x) const { return dot_u8_s8_onto(i_zero(), codes, x); }
-  static void dwords(const char* p, uint32_t* out) {   // value order: byte j holds code j (low) and j + 16 (high)
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_and_si128(bytes, _mm_set1_epi8(0x0F)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 4), _mm_and_si128(_mm_srli_epi16(bytes, 4), _mm_set1_epi8(0x0F)));
+  static void dwords(const char* p, uint32_t* out) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), block_codes(reinterpret_cast<const uint8_t*>(p)));
   }
   static QInt dot_dword(QInt acc, uint32_t dword, QInt rows) { return dot_u8_s8_onto(acc, i_set1(dword), rows); }
 };
@@ -576,15 +582,11 @@ struct InterleavedRows {
       for (int64_t g = 0; g < groups; ++g) {
         const int64_t at = (a * groups + g) * kChunkBlocks;
         const int8_t* src = x.q.data() + m * K + g * kGroup;
-        int32_t total = 0;
         for (int64_t c = 0; c < kGroup / 4; ++c)
-          for (int64_t b = 0; b < 4; ++b) {
-            q[(at * 8 + c * kChunkBlocks + lane) * 4 + b] = src[c * 4 + b];
-            total += src[c * 4 + b];
-          }
+          std::memcpy(&q[(at * 8 + c * kChunkBlocks + lane) * 4], src + c * 4, 4);
         d[at + lane] = x.d[m * groups + g];
         sum[at + lane] = x.sum[m * groups + g];
-        start[at + lane] = -128 * total;
+        start[at + lane] = -128 * x.code_sum[m * groups + g];
       }
     }
   }
