@@ -95,7 +95,7 @@ class EngineConfig:
             return "none", f"dense {self.dtype} weights"
         if self.quantization != "none" and device.type != "cpu":
             raise ValueError(f"--quantization {self.quantization} runs on CPU only: on CUDA the Triton Q8_0 / Q4 "
-                             "kernel passes its own tests but not yet the engine's CUDA-graph test; use --dtype bf16")
+                             "engine path has not yet passed its GPU tests; use --dtype bf16")
         return self.quantization, f"--quantization {self.quantization}"
 
     def resolve_kv_dtype(self, dtype: torch.dtype) -> str:

@@ -26,10 +26,12 @@ def decode_buckets(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Static decode buffers for up to max(buckets) sequences, and (once `capture` ran) one graph per bucket."""
+    """Static decode buffers for up to max(buckets) sequences, and (once `capture` ran) one graph per bucket.
+    `dtype` is the activations' (the engine's math dtype): compact Q8_0 / Q4 layers hold integer codes, so no
+    layer's weight dtype says what the model computes in."""
 
     def __init__(self, model: LlamaForCausalLM, kv: KVStorage, backend: AttentionBackend, max_num_seqs: int,
-                 max_model_len: int, scratch_block: int):
+                 max_model_len: int, scratch_block: int, dtype: torch.dtype):
         self.model = model
         self.kv = kv
         self.backend = backend
@@ -47,7 +49,7 @@ class DecodeGraphs:
         self.block_tables = torch.full((size, self.max_blocks), scratch_block, dtype=torch.int32, device=device)
         no_ints = torch.zeros(0, dtype=torch.int32, device=device)
         self.no_prefill = (torch.zeros(1, dtype=torch.int32, device=device), no_ints, no_ints.view(0, 0))
-        self.hidden = torch.zeros(size, model.config.hidden_size, dtype=model.lm_head.weight.dtype, device=device)
+        self.hidden = torch.zeros(size, model.config.hidden_size, dtype=dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     def bucket_for(self, num_seqs: int, table_width: int) -> int | None:

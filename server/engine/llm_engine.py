@@ -97,7 +97,7 @@ class LLMEngine:
         graphs = None
         if captures_decode_graphs(config, self.device, self.backend):
             graphs = DecodeGraphs(self.model, self.kv, self.backend, config.max_num_seqs, self.max_model_len,
-                                  scratch_block=num_blocks)
+                                  scratch_block=num_blocks, dtype=self.dtype)
             graphs.capture()
         self.runner = ModelRunner(self.model, self.kv, self.swap_space.storage if self.swap_space else None,
                                   self.backend, graphs, frozenset(self.eos_token_ids))
