@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.server.tuning.cross_encoder_torch import AdapterConfig, PairInputs, TorchCrossEncoder, collate, predict
+from strata.server.tuning.hard_negatives import hard_negatives
 from strata.server.tuning.pairs import Pair
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class TrainConfig:
     """How to train. The defaults are the run that made the shipped adapter; with `start_from`, the adapter's own
     shape (rank, alpha, layers, n_layers, max_len) wins over the fields here."""
 
-    epochs: float = 2.5
+    epochs: float = 5.0
     batch_size: int = 32
     lr: float = 5e-4
     rank: int = 16
@@ -47,6 +48,7 @@ class TrainConfig:
     train_bias_ln: bool = True
     max_len: int = 128
     repeat: dict[str, int] = field(default_factory=lambda: {"hard_pairs": 3, "faq_pairs": 3})  # domain -> copies
+    hard_negatives: tuple[str, ...] = ()            # synthetic near-miss kinds added to the pairs (hard_negatives.py)
     warmup: float = 0.06                            # share of the steps spent warming up
     weight_decay: float = 0.01                      # on LoRA matrices only
     seed: int = 0
@@ -121,6 +123,8 @@ def train(pairs: list[Pair], out_dir: Path, config: TrainConfig, start_from: Pat
     final adapter (out_dir/adapter.npz). `monitor`: held-out pairs scored every config.eval_every steps, logged."""
     if not pairs:
         raise ValueError("no pairs to train on")
+    if config.hard_negatives:
+        pairs = pairs + hard_negatives(pairs, config.hard_negatives, config.seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     threads = torch.get_num_threads()
@@ -245,6 +249,8 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--max-len", type=int, default=d.max_len)
     ap.add_argument("--repeat", default=",".join(f"{k}={v}" for k, v in d.repeat.items()),
                     help="domain=copies per epoch, comma-separated")
+    ap.add_argument("--hard-negatives", default=",".join(d.hard_negatives),
+                    help="synthetic near-miss kinds to add, comma-separated: number, swap, negation (default: none)")
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--threads", type=int, default=d.threads)
     ap.add_argument("--ckpt-every", type=int, default=d.ckpt_every)
@@ -264,8 +270,9 @@ def main(argv: list[str] | None = None) -> Path:
     repeat = {k: int(v) for k, v in (item.split("=") for item in a.repeat.split(",") if item)}
     config = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, rank=a.rank, alpha=a.alpha,
                          n_layers=a.n_layers, lora_layers=lora_layers, train_bias_ln=not a.no_bias_ln,
-                         max_len=a.max_len, repeat=repeat, seed=a.seed, threads=a.threads, ckpt_every=a.ckpt_every,
-                         eval_every=a.eval_every, resume=a.resume, stop_after=a.stop_after)
+                         max_len=a.max_len, repeat=repeat, seed=a.seed,
+                         hard_negatives=tuple(k for k in a.hard_negatives.split(",") if k), threads=a.threads,
+                         ckpt_every=a.ckpt_every, eval_every=a.eval_every, resume=a.resume, stop_after=a.stop_after)
     pairs = load_shared(datasets_dir(a.datasets))
     split = split_of(pairs)
     train_pairs = [p for p, s in zip(pairs, split, strict=True) if s == "train"]
