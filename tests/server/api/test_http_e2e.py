@@ -98,20 +98,14 @@ def test_paraphrase_is_a_semantic_hit(server):
     assert out.choices[0].message.content.startswith(NOTE_START) == (layer == "semantic-similar")
 
 
-# Known misses at 0.05, kept strict so that a change that makes them hit is seen: the cross-encoder scores them
-# (logit + cosine 5.99, 5.70 and 5.67) below the English threshold certified at 0.05 (6.118), where the reversal
-# near-miss below (kg/lb 6.04) also sits: English has too few clean calibration pairs at the top, and the
-# cross-encoder's logit saturates near 5.1 on every confident pair (docs/semantic-quality.md).
-KNOWN_MISS = pytest.mark.xfail(strict=True, reason="scored below the English threshold certified at 0.05")
-
-
+# At 0.05 English is served from 5.859 (logit + cosine; docs/semantic-quality.md). These paraphrases score 5.90 -
+# 6.19; until 2026-12-06 (adapter without synthetic near-misses, threshold 6.118) the last three missed.
 @pytest.mark.parametrize("cached, paraphrase", [
     ("How many days are in a leap year?", "How many days in a leap year?"),
     ("What is the tallest mountain in the world?", "Which mountain is the tallest in the world?"),
-    pytest.param("How do I boil an egg?", "What's the way to boil an egg?", marks=KNOWN_MISS),
-    pytest.param("What is the speed of light?", "How fast does light travel?", marks=KNOWN_MISS),
-    pytest.param("What is the boiling point of water at sea level?",
-                 "At sea level, what temperature does water boil at?", marks=KNOWN_MISS),
+    ("How do I boil an egg?", "What's the way to boil an egg?"),
+    ("What is the speed of light?", "How fast does light travel?"),
+    ("What is the boiling point of water at sea level?", "At sea level, what temperature does water boil at?"),
 ])
 def test_english_paraphrases_hit(server, cached, paraphrase):
     assert ask(server, cached)[0] == "miss"
@@ -119,6 +113,7 @@ def test_english_paraphrases_hit(server, cached, paraphrase):
     assert ask(server, paraphrase)[0] in ("semantic", "semantic-similar")
 
 
+# The reversals score like paraphrases under the model alone (6.01, 6.12): the transposition rule rules them out.
 @pytest.mark.parametrize("cached, other", [
     ("How many kilograms is one pound?", "How many pounds is one kilogram?"),
     ("Convert 5 lb to kg", "Convert 5 kg to lb"),

@@ -76,7 +76,7 @@ def test_torch_model_matches_the_onnx_cross_encoder(adapter_file):
     inputs = PairInputs(model.cfg.max_len)
     mine = predict(model, [inputs(a, b) for a, b in TEXT_PAIRS])
     ce = CrossEncoder(adapter=adapter_file)
-    product = np.array([ce.score(a, b) for a, b in TEXT_PAIRS])
+    product = np.array([ce.logit(a, b) for a, b in TEXT_PAIRS])
     assert np.abs(mine - product).max() < INT8_TOLERANCE, (mine, product)
 
     # the same graph with fp32 activations: the torch model is exact, the gap above is only int8 activations
@@ -135,7 +135,7 @@ def test_a_few_steps_lower_the_loss_and_write_an_adapter_the_product_loads(tmp_p
     inputs = PairInputs(fresh.cfg.max_len)
     sample = pairs[:4]
     mine = predict(fresh, [inputs(p.cached, p.query) for p in sample])
-    assert np.abs(mine - [ce.score(p.cached, p.query) for p in sample]).max() < INT8_TOLERANCE
+    assert np.abs(mine - [ce.logit(p.cached, p.query) for p in sample]).max() < INT8_TOLERANCE
 
 
 def test_a_stopped_run_resumes_at_the_same_step_and_ends_where_an_unbroken_one_does(tmp_path):
