@@ -12,9 +12,11 @@ from strata.cache.request.cross_encoder import ADAPTER_PATH
 from strata.server.tuning.pairs import Pair, split_of
 from strata.server.tuning.train_cross_encoder import TrainConfig, train
 
-# Continue, don't retrain: fewer epochs, a fifth of the full run's learning rate, every domain counted once, all
-# cores (the user's own machine, not the shared build host the shipped run was made on).
-FIT_CONFIG = TrainConfig(epochs=2.0, batch_size=16, lr=1e-4, repeat={}, threads=0, ckpt_every=100, eval_every=0)
+# Continue, don't retrain: fewer epochs, a fifth of the full run's learning rate, every domain counted once, the
+# user's own pairs only (no synthetic negatives: the shipped adapter has learned those), all cores (the user's own
+# machine, not the shared build host the shipped run was made on).
+FIT_CONFIG = TrainConfig(epochs=2.0, batch_size=16, lr=1e-4, repeat={}, hard_negatives=(), threads=0, ckpt_every=100,
+                         eval_every=0)
 
 
 def split_for_fit(pairs: list[Pair]) -> tuple[list[Pair], list[Pair]]:

@@ -30,7 +30,7 @@ TEXT_PAIRS = [
 INT8_TOLERANCE = 0.01
 FP32_TOLERANCE = 1e-5
 # one thread: two on a busy 2-core host spend most of each step waiting for each other
-SMALL = dict(n_layers=2, rank=4, alpha=8.0, batch_size=16, threads=1, eval_every=0, repeat={})
+SMALL = dict(n_layers=2, rank=4, alpha=8.0, batch_size=16, threads=1, eval_every=0, repeat={}, hard_negatives=())
 
 
 @pytest.fixture(scope="module")
