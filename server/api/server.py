@@ -60,8 +60,8 @@ def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
 
     exit_on_sigterm()
     engine = EngineClient(engine_config, restart_policy(config), on_failed=give_up)
-    engine.start()
-    try:
+    try:                    # start() inside: a SIGTERM between the spawn and its return must still stop the process
+        engine.start()
         cache = build_cache(config.cache) if config.request_cache else None
         engine.wait_ready()
         server = uvicorn.Server(uvicorn.Config(create_app(engine, cache, auth=auth, config=config), host=config.host,
