@@ -24,12 +24,12 @@ from strata.server.tuning.pairs import Pair
 KINDS = ("number", "swap", "negation")
 _NUMBER = re.compile(r"(?<![A-Za-z\d.])\d+(?![A-Za-z\d.])")     # a figure, not part of a name ("S3", "uint8")
 _ARTICLE = r"(?:(?:an?|the|one|my|your) )?"
-_ORDERED = (  # (pattern, the two groups that trade places)
-    (re.compile(rf"\bfrom {_ARTICLE}([A-Za-z]{{3,}}) to {_ARTICLE}([A-Za-z]{{3,}})\b", re.I), (1, 2)),
-    (re.compile(rf"\b(?:convert|change|turn|translate|switch)(?:ing|s|ed)? {_ARTICLE}([A-Za-z]{{3,}}) (?:to|into) "
-                rf"{_ARTICLE}([A-Za-z]{{3,}})\b", re.I), (1, 2)),
-    (re.compile(rf"\b(?:is|are|was|were) {_ARTICLE}([A-Za-z]{{3,}}) (?:[A-Za-z]+er|more [A-Za-z]+|less [A-Za-z]+) "
-                rf"than {_ARTICLE}([A-Za-z]{{3,}})\b", re.I), (1, 2)),
+_ORDERED = (  # groups 1 and 2: the two nouns that trade places
+    re.compile(rf"\bfrom {_ARTICLE}([A-Za-z]{{3,}}) to {_ARTICLE}([A-Za-z]{{3,}})\b", re.I),
+    re.compile(rf"\b(?:convert|change|turn|translate|switch)(?:ing|s|ed)? {_ARTICLE}([A-Za-z]{{3,}}) (?:to|into) "
+               rf"{_ARTICLE}([A-Za-z]{{3,}})\b", re.I),
+    re.compile(rf"\b(?:is|are|was|were) {_ARTICLE}([A-Za-z]{{3,}}) (?:[A-Za-z]+er|more [A-Za-z]+|less [A-Za-z]+) "
+               rf"than {_ARTICLE}([A-Za-z]{{3,}})\b", re.I),
 )
 # 能 / 可以 as a modal, not inside a word (可能, 功能, 能量, 能否) nor "能不能" or "才能"
 _MODAL = re.compile(r"(?<![不没别才可功智性体技本万异动潜热电核节职效无全])(能|可以)(?![否不量力源手耐])")
@@ -40,7 +40,8 @@ _YES_NO = re.compile(r"[吗么嘛][\s?？。!！]*$")
 
 
 def _changed_number(pair: Pair, rng: random.Random) -> str | None:
-    shared = [m for m in _NUMBER.finditer(pair.query) if m.group() in _NUMBER.findall(pair.cached)]
+    cached = set(_NUMBER.findall(pair.cached))
+    shared = [m for m in _NUMBER.finditer(pair.query) if m.group() in cached]
     if not shared:
         return None
     m = rng.choice(shared)
@@ -54,7 +55,7 @@ def _swapped(pair: Pair, rng: random.Random) -> str | None:
 
     if len(pair.query.split()) > _SWAP_MAX_WORDS:      # long news sentences: "from" / "to" rarely join two nouns
         return None
-    spots = [m for pattern, _ in _ORDERED for m in pattern.finditer(pair.query)
+    spots = [m for pattern in _ORDERED for m in pattern.finditer(pair.query)
              if m.group(1).lower() != m.group(2).lower()
              and not ({m.group(1).lower(), m.group(2).lower()} & ENGLISH_STOP_WORDS)
              and not any(w.lower().endswith(("ly", "ing")) for w in m.groups())]

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.server.tuning.cross_encoder_torch import AdapterConfig, PairInputs, TorchCrossEncoder, collate, predict
-from strata.server.tuning.hard_negatives import hard_negatives
+from strata.server.tuning.hard_negatives import KINDS, hard_negatives
 from strata.server.tuning.pairs import Pair
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class TrainConfig:
     train_bias_ln: bool = True
     max_len: int = 128
     repeat: dict[str, int] = field(default_factory=lambda: {"hard_pairs": 3, "faq_pairs": 3})  # domain -> copies
-    hard_negatives: tuple[str, ...] = ("number", "swap", "negation")  # synthetic near-miss kinds (hard_negatives.py)
+    hard_negatives: tuple[str, ...] = KINDS         # synthetic near-miss kinds added (hard_negatives.py)
     warmup: float = 0.06                            # share of the steps spent warming up
     weight_decay: float = 0.01                      # on LoRA matrices only
     seed: int = 0

@@ -4,14 +4,14 @@ import json
 
 import pytest
 
+from strata.cache.request.calibration import language_of
 from strata.server.tuning.hard_negatives import hard_negatives
 from strata.server.tuning.pairs import Pair
 from strata.server.tuning.train_cross_encoder import TrainConfig, train
 
 
 def same(cached: str, query: str) -> Pair:
-    lang = "zh" if any("\u4e00" <= ch <= "\u9fff" for ch in query) else "en"
-    return Pair(cached, query, True, lang, "test")
+    return Pair(cached, query, True, language_of(query), "test")
 
 
 def edited(pair: Pair, kind: str) -> list[str]:
