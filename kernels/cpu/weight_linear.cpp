@@ -301,7 +301,11 @@ constexpr float kInv127 = 1.0f / 127.0f;
 // Activations as Q8_0 blocks: codes q[m, k], scales d[m, k / 32] = max |x| * (1 / 127) with q = x / d rounded half to
 // even (what the tests' torch reference does, op for op), and d * sum(q) per block (Q4 minimums' term); with
 // `offset`, also q + 128 as unsigned bytes (stored as q XOR 0x80), for a kernel that multiplies unsigned activations;
-// code_sum, sum(q) per block as an integer.
+// code_sum, sum(q) per block as an integer. Without reciprocal or reassociated math: -ffast-math would turn
+// 1 / (max |x| * (1 / 127)) into 127 / max |x|, whose last bit differs, and a code at a .5 tie would round the other
+// way than the reference's (seen in about one 8-row batch of random rows in 700).
+#pragma GCC push_options
+#pragma GCC optimize("no-reciprocal-math", "no-associative-math")
 struct QuantizedRows {
   std::vector<int8_t> q, offset;
   std::vector<float> d, sum;
@@ -327,6 +331,7 @@ struct QuantizedRows {
     for (size_t i = 0; i < offset.size(); ++i) offset[i] = static_cast<int8_t>(q[i] ^ 0x80);
   }
 };
+#pragma GCC pop_options
 
 #if defined(STRATA_VECTOR) && defined(__AVX2__)
 // One Q4 block's 32 codes in value order (byte j of the block holds code j in its low nibble, j + 16 in its high).
