@@ -46,6 +46,7 @@ def figures(path: str) -> dict:
             "requests_per_s": round(totals["successful"] / duration, 3),
             "output_tokens_per_s": round(out_tokens / duration, 2),
             "ttft_ms_p50": round(p50("time_to_first_token_ms"), 2),
+            "itl_ms_p50": round(p50("inter_token_latency_ms"), 2),
             "request_latency_s_p50": round(p50("request_latency"), 4),
             "request_latency_s_mean": round(metrics["request_latency"]["successful"]["mean"], 4)}
 

@@ -9,6 +9,10 @@ two servers' outputs agree (token texts, up to each pair's first difference).
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/vs_llamacpp.py --llama-server /path/llama-server \
         --gguf /path/SmolLM2-135M-Instruct.F16.gguf --serve-args "--quantization f16" --out result.json
 
+With guidellm installed (`--guidellm-python`, or $PYTHON_GUIDELLM, or in this python), each server also runs stock
+guidellm's concurrent profile: synthetic 64-token prompts, 32 output tokens, 4 streams; its output tok/s, TTFT and
+inter-token latency go in the JSON beside the clients' figures (guidellm's own reports with --guidellm-reports).
+
 On a CPU with AVX-512, `STRATA_CPU_MARCH=haswell ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2` in the environment
 makes strata run the code paths of an AVX2-only CPU (pair it with a llama.cpp built without AVX-512).
 """
@@ -16,16 +20,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import shlex
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
+from guidellm_summary import figures as guidellm_figures
 from launch import free_port, running
 
+from strata.models.default_model import default_model_dir
 from strata.server.bench.kv import cpu_isa, cpu_name
 
 PROMPTS = json.loads((Path(__file__).parents[1] / "server/bench/data/int8_prompts.json").read_text())["raw"]
@@ -67,6 +76,34 @@ def agreement(a: list[str], b: list[str]) -> dict:
             "mean_common_prefix_share": round(sum(prefix) / len(prefix), 4)}
 
 
+def run_guidellm(python: str, url: str, model: str, tokenizer: Path, args: argparse.Namespace, report: Path) -> dict:
+    """Stock guidellm's concurrent profile against one server; its figures (guidellm_summary.figures)."""
+    backend = {"kind": "openai_http", "target": url, "model": model, "request_format": "/v1/completions",
+               "extras": {"headers": {"Cache-Control": "no-cache, no-store"}}}
+    cmd = [python, "-m", "guidellm", "run", "--backend", json.dumps(backend),
+           "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
+           "--data", f"kind=synthetic_text,prompt_tokens={args.guidellm_prompt_tokens},"
+                     f"output_tokens={args.guidellm_output_tokens}",
+           "--profile", f"kind=concurrent,streams={args.guidellm_streams}",
+           "--constraint", f"kind=max_requests,count={args.guidellm_requests}",
+           "--constraint", "kind=max_duration,seconds=600",
+           "--output", f"kind=json,path={report}", "--disable-console"]
+    # run outside the checkout: `python -m` puts the working folder first on sys.path, and strata's top-level
+    # folders (kernels/, models/) would shadow packages of the same names that transformers imports
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tempfile.gettempdir(),
+                          env=os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(f"guidellm failed ({done.returncode}): {(done.stdout + done.stderr)[-3000:]}")
+    return guidellm_figures(str(report))
+
+
+def guidellm_python(explicit: str | None) -> str | None:
+    """The python guidellm runs under: --guidellm-python, $PYTHON_GUIDELLM, else this one if it has guidellm."""
+    if explicit or os.environ.get("PYTHON_GUIDELLM"):
+        return explicit or os.environ["PYTHON_GUIDELLM"]
+    return sys.executable if importlib.util.find_spec("guidellm") else None
+
+
 # Set to run AVX2 code paths on a CPU with more (strata's kernels, torch and oneDNN); recorded with the results
 ISA_LIMITS = ("STRATA_CPU_MARCH", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
 
@@ -86,10 +123,27 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--serve-args", default="", help="more `strata serve` flags, e.g. '--quantization f16'")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--guidellm-python", default=None,
+                    help="python of a venv with guidellm (default: $PYTHON_GUIDELLM, else this python if it has it)")
+    ap.add_argument("--guidellm-streams", type=int, default=4)
+    ap.add_argument("--guidellm-requests", type=int, default=32)
+    ap.add_argument("--guidellm-prompt-tokens", type=int, default=64)
+    ap.add_argument("--guidellm-output-tokens", type=int, default=32)
+    ap.add_argument("--guidellm-reports", type=Path, default=None,
+                    help="folder for guidellm's own JSON reports (default: a temporary folder; the figures are in --out)")
+    ap.add_argument("--tokenizer", type=Path, default=None,
+                    help="tokenizer folder guidellm reads (default: the folder strata converts the default model to)")
     args = ap.parse_args()
     model = "SmolLM2-135M-Instruct"
+    guidellm = guidellm_python(args.guidellm_python)
+    tokenizer = args.tokenizer or default_model_dir()
+    if guidellm and not (tokenizer / "tokenizer.json").exists():
+        raise SystemExit(f"no tokenizer.json in {tokenizer}: run strata once (it converts the default model) "
+                         "or pass --tokenizer")
     result: dict = {"cpu": cpu_flags(), "load_at_start": os.getloadavg(), "settings": vars(args) | {"out": None},
                     "workloads": []}
+    reports = args.guidellm_reports or Path(tempfile.mkdtemp(prefix="vs_llamacpp_guidellm_"))
+    guidellm_runs: dict[str, dict] = {}
     runs: dict[str, dict[int, tuple[dict, list[str]]]] = {}
     port = free_port()
     strata = [sys.executable, "-m", "strata.server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
@@ -103,11 +157,21 @@ def main() -> None:
             asyncio.run(run_load(url, model, 1, 1, 4))                  # warm-up
             runs[name] = {c: asyncio.run(run_load(url, model, c, c * args.requests_per_client, args.max_tokens))
                           for c in args.clients}
+            if guidellm:
+                stem = args.out.stem if args.out else "vs_llamacpp"
+                report = reports / f"{stem}_guidellm_{name.replace('.', '')}.json"
+                guidellm_runs[name] = run_guidellm(guidellm, url, model, tokenizer, args, report)
     for c in args.clients:
         ours, theirs = runs["strata"][c], runs["llama.cpp"][c]
         result["workloads"].append({"clients": c, "strata": ours[0], "llama.cpp": theirs[0],
                                     "ratio_strata_over_llamacpp": round(ours[0]["tok_s"] / theirs[0]["tok_s"], 3),
                                     "outputs": agreement(ours[1], theirs[1])})
+    if guidellm_runs:
+        ours, theirs = guidellm_runs["strata"], guidellm_runs["llama.cpp"]
+        result["guidellm"] = {"strata": ours, "llama.cpp": theirs, "ratio_strata_over_llamacpp": round(
+            ours["output_tokens_per_s"] / theirs["output_tokens_per_s"], 3)}
+    else:
+        result["guidellm"] = "not run: guidellm is not installed (--guidellm-python, $PYTHON_GUIDELLM)"
     result["load_at_end"] = os.getloadavg()
     text = json.dumps(result, indent=1, default=str)
     print(text)
