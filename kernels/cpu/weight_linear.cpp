@@ -298,14 +298,22 @@ constexpr bool kNativeBF16 = false;
 // SmolLM2 step read half the bytes of bf16 but took longer, the widening being the cost.
 constexpr float kInv127 = 1.0f / 127.0f;
 
+// A Q8_0 block's scale d = max |x| * (1 / 127) and 1 / d as written, in a function of its own without reciprocal or
+// reassociated math: -ffast-math turned 1 / (max |x| * (1 / 127)) into 127 / max |x|, whose last bit differs, and a
+// code at a .5 tie then rounded the other way than the reference's (about one random 8-row batch in 700). Only this
+// step: the codes' loop keeps -ffast-math (vectorized rounding; under the pragma it took 15 ms of a 16-row step).
+#pragma GCC push_options
+#pragma GCC optimize("no-reciprocal-math", "no-associative-math")
+__attribute__((noinline)) void block_scale(float amax, float& scale, float& inverse) {
+  scale = amax * kInv127;
+  inverse = scale != 0.f ? 1.0f / scale : 0.f;
+}
+#pragma GCC pop_options
+
 // Activations as Q8_0 blocks: codes q[m, k], scales d[m, k / 32] = max |x| * (1 / 127) with q = x / d rounded half to
 // even (what the tests' torch reference does, op for op), and d * sum(q) per block (Q4 minimums' term); with
 // `offset`, also q + 128 as unsigned bytes (stored as q XOR 0x80), for a kernel that multiplies unsigned activations;
-// code_sum, sum(q) per block as an integer. Without reciprocal or reassociated math: -ffast-math would turn
-// 1 / (max |x| * (1 / 127)) into 127 / max |x|, whose last bit differs, and a code at a .5 tie would round the other
-// way than the reference's (seen in about one 8-row batch of random rows in 700).
-#pragma GCC push_options
-#pragma GCC optimize("no-reciprocal-math", "no-associative-math")
+// code_sum, sum(q) per block as an integer.
 struct QuantizedRows {
   std::vector<int8_t> q, offset;
   std::vector<float> d, sum;
@@ -316,8 +324,8 @@ struct QuantizedRows {
       const float* v = x + b * kGroup;
       float amax = 0.f;
       for (int64_t j = 0; j < kGroup; ++j) amax = std::max(amax, std::abs(v[j]));
-      const float scale = amax * kInv127;
-      const float inverse = scale != 0.f ? 1.0f / scale : 0.f;
+      float scale, inverse;
+      block_scale(amax, scale, inverse);
       int32_t total = 0;
       for (int64_t j = 0; j < kGroup; ++j) {
         const int8_t code = static_cast<int8_t>(std::nearbyint(v[j] * inverse));
@@ -331,7 +339,6 @@ struct QuantizedRows {
     for (size_t i = 0; i < offset.size(); ++i) offset[i] = static_cast<int8_t>(q[i] ^ 0x80);
   }
 };
-#pragma GCC pop_options
 
 #if defined(STRATA_VECTOR) && defined(__AVX2__)
 // One Q4 block's 32 codes in value order (byte j of the block holds code j in its low nibble, j + 16 in its high).
