@@ -185,7 +185,9 @@ def test_greedy_smollm2_with_prompt_lookup_drafts_is_identical(default_model_dir
     params = SamplingParams(temperature=0, max_tokens=40)
     plain = LLMEngine(EngineConfig(model=str(default_model_dir), kv_cache_memory="64MiB"))
     reference = plain.generate([prompt], params, chat=True)[0]
-    plain.drafter = DraftProposer(("ngram",), 5, plain.max_model_len)
+    # every draft verified: the "cost" policy prices drafts from wall-clock step times, so its count of saved steps
+    # would depend on the host's load
+    plain.drafter = DraftProposer(("ngram",), 5, plain.max_model_len, policy="always")
     drafted = plain.generate([prompt], params, chat=True)[0]
     assert drafted.token_ids == reference.token_ids
     assert plain.drafter.totals["ngram"].steps_saved >= 10
