@@ -103,9 +103,8 @@ def test_activation_codes_at_rounding_ties_match_the_reference():
         amax = np.float32(rng.uniform(0.5, 4.0))
         as_written, rewritten = np.float32(1) / (amax * np.float32(1 / 127)), np.float32(127) / amax
         for code in range(1, 127):
-            for ulps in range(-2, 3):
-                v = np.float32((code + 0.5) / as_written)
-                v = np.nextafter(v, np.float32(np.inf * np.sign(ulps))) if ulps else v
+            tie = np.float32((code + 0.5) / as_written)
+            for v in (np.nextafter(tie, np.float32(-np.inf)), tie, np.nextafter(tie, np.float32(np.inf))):
                 if np.rint(v * as_written) != np.rint(v * rewritten) and len(rows) < 8:
                     rows.append([amax, v] + [0.0] * 30)
     x = torch.tensor(rows, dtype=torch.float32)
