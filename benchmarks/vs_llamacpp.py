@@ -99,8 +99,9 @@ def run_guidellm(python: str, url: str, model: str, tokenizer: Path, args: argpa
 
 def guidellm_python(explicit: str | None) -> str | None:
     """The python guidellm runs under: --guidellm-python, $PYTHON_GUIDELLM, else this one if it has guidellm."""
-    if explicit or os.environ.get("PYTHON_GUIDELLM"):
-        return explicit or os.environ["PYTHON_GUIDELLM"]
+    chosen = explicit or os.environ.get("PYTHON_GUIDELLM")
+    if chosen:
+        return chosen
     return sys.executable if importlib.util.find_spec("guidellm") else None
 
 
