@@ -1,12 +1,13 @@
 """Time of every linear layer of one SmolLM2-135M decode step on the CPU weight kernel, per weight format and batch.
 
     .venv/bin/python benchmarks/linear_kernel.py [--threads 2] [--formats f16 int8 int4] [--batches 1 4 16 32] \
-        [--weights streamed|cached] [--march haswell]
+        [--weights streamed|cached] [--march haswell] [--prefill] [--widen]
 
 Prints JSON: milliseconds per step (30 layers' q/k/v, o, gate/up and down projections, plus the lm_head) and the
 effective weight bytes per second. `streamed` (the default) gives each of the 121 layers its own weights, so they
 come from DRAM as in the engine; `cached` reuses one layer per shape, which stays in cache and measures the kernel's
-arithmetic alone.
+arithmetic alone. `--prefill` leaves the lm_head out (a prefill computes logits for its last rows only); `--widen`
+times what Q8_0 / Q4 layers did above 32 rows until the tiled integer kernel: the weight widened to fp32, then BLAS.
 """
 
 import argparse
@@ -25,30 +26,38 @@ SHAPES = {"qkv": (960, 576, 30), "o": (576, 576, 30), "gate_up": (3072, 576, 30)
           "lm_head": (49152, 576, 1)}
 
 
-def streamed_step_ms(layers: dict[str, list[CompactLinear]], batch: int, repeats: int = 7) -> float:
+def widened(layer: CompactLinear, x: torch.Tensor) -> torch.Tensor:
+    """The whole weight widened to fp32, then BLAS."""
+    return torch.nn.functional.linear(x, layer.unpacked_weight())
+
+
+def streamed_step_ms(layers: dict[str, list[CompactLinear]], batch: int, call, shapes: list[str],
+                     repeats: int = 7) -> float:
     """Median time of one pass over every layer of a step, each with its own weights."""
     xs = {k: torch.randn(batch, k) for _, k, _ in SHAPES.values()}
-    order = [(layers[name][i], xs[k]) for i in range(30) for name, (_, k, _) in SHAPES.items() if name != "lm_head"]
-    order.append((layers["lm_head"][0], xs[SHAPES["lm_head"][1]]))
+    order = [(layers[name][i], xs[SHAPES[name][1]]) for i in range(30) for name in shapes if name != "lm_head"]
+    order += [(layers["lm_head"][0], xs[SHAPES["lm_head"][1]])] if "lm_head" in shapes else []
+    call(*order[0])     # the first call of a process pays for allocations the engine has long made
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         for layer, x in order:
-            layer(x)
+            call(layer, x)
         times.append(time.perf_counter() - start)
     return sorted(times)[repeats // 2] * 1e3
 
 
-def cached_step_ms(layers: dict[str, list[CompactLinear]], batch: int) -> float:
+def cached_step_ms(layers: dict[str, list[CompactLinear]], batch: int, call, shapes: list[str]) -> float:
     total = 0.0
-    for name, (_, k, per_step) in SHAPES.items():
+    for name in shapes:
+        _, k, per_step = SHAPES[name]
         x, layer = torch.randn(batch, k), layers[name][0]
         calls = 10 if name == "lm_head" else 100
         for _ in range(3):
-            layer(x)
+            call(layer, x)
         start = time.perf_counter()
         for _ in range(calls):
-            layer(x)
+            call(layer, x)
         total += (time.perf_counter() - start) / calls * per_step
     return total * 1e3
 
@@ -61,7 +70,11 @@ def main() -> None:
     ap.add_argument("--weights", choices=["streamed", "cached"], default="streamed")
     ap.add_argument("--march", default=None, help="build the kernels for this -march instead (haswell: the AVX2-only "
                                                    "code paths, timed on this CPU)")
+    ap.add_argument("--prefill", action="store_true", help="the 120 decoder linears only, no lm_head")
+    ap.add_argument("--widen", action="store_true", help="widen each weight to fp32 and call BLAS instead")
     args = ap.parse_args()
+    shapes = [name for name in SHAPES if not (args.prefill and name == "lm_head")]
+    call = widened if args.widen else CompactLinear.__call__
     torch.set_num_threads(args.threads)
     if args.march:
         module = build.build_for_march(args.march)
@@ -72,13 +85,15 @@ def main() -> None:
             copies = {name: per_step if args.weights == "streamed" else 1 for name, (_, _, per_step) in SHAPES.items()}
             layers = {name: [CompactLinear.from_linear(nn.Linear(k, n, bias=False).requires_grad_(False), fmt)
                              for _ in range(copies[name])] for name, (n, k, _) in SHAPES.items()}
-            weight_bytes = sum(layers[name][0].weight.nbytes * per_step for name, (_, _, per_step) in SHAPES.items())
+            weight_bytes = sum(layers[name][0].weight.nbytes * SHAPES[name][2] for name in shapes)
             step_ms = streamed_step_ms if args.weights == "streamed" else cached_step_ms
             for batch in args.batches:
-                ms = step_ms(layers, batch)
+                ms = step_ms(layers, batch, call, shapes)
                 results.append({"format": fmt, "batch": batch, "linear_ms_per_step": round(ms, 2),
                                 "weight_gb_s": round(weight_bytes / ms / 1e6, 1)})
     print(json.dumps({"threads": args.threads, "weights": args.weights, "march": args.march or "native",
+                      "layers": "decoder linears (prefill)" if args.prefill else "decoder linears and lm_head",
+                      "path": "widened to fp32, BLAS" if args.widen else "kernel",
                       "cpu": cpu_name(), "isa": cpu_isa(),
                       "results": results}, indent=1))
 

@@ -487,7 +487,10 @@ inline QInt chunk_sums(const Unit& unit) {
 // one broadcast weight dword against every row's codes, so scaling a block's sums is paid once for all of them
 // instead of per row: on AVX-512 VNNI the linears of a SmolLM2 step on the AMX Xeon took Q8_0 29-35 -> 16-18 ms at 16
 // rows and 60-65 -> 31-38 at 32, Q4 35-39 -> 17-21 and 73-76 -> 30-37, the same within noise at 1-6 rows
-// (benchmarks/results/cpu_profile/q_interleaved_ab.json).
+// (benchmarks/results/cpu_profile/q_interleaved_ab.json). The interleaved kernel runs tiles of weight rows against
+// pairs of row groups, each staged weight dword and each row vector loaded once for several products, so it also
+// carries prefill: the 120 decoder linears of a 272-row SmolLM2 prefill on the AVX-512 EPYC 162-182 ms against
+// 342-425 for widening the weights to fp32 and calling BLAS (cpu_profile/quantized_tiles_ab.json).
 #ifdef STRATA_Q8_OFFSET
 // One unit of Q8_0 weight blocks against activations offset to unsigned (u = q + 128): VNNI sums u8 x s8 products
 // without saturating, so each lane's sum of u * w, started from -128 * its sum of w (taken once per weight block for
@@ -604,51 +607,112 @@ struct InterleavedRows {
   }
 };
 
-// Row group a (activation rows a * kChunkBlocks + r, r < rows) against weight row n: lane r of each vector is one
-// row, and accumulator l takes blocks l, l + kChunkBlocks, ...: each output is fold_rows' chain, op for op.
-template <typename Blocks>
-inline void fold_interleaved(const char* w, const float* ws, const float* wm, const InterleavedRows& x, int64_t a,
-                             int64_t rows, int64_t K, float* out, int64_t N, int64_t n) {
-  const int64_t groups = K / kGroup;
-  const char* row = w + n * groups * Blocks::kBytesPer32;
-  alignas(32) uint32_t dwords[8];
-  QVec acc[kChunkBlocks];
-  for (int64_t l = 0; l < kChunkBlocks; ++l) acc[l] = q_zero();
-  for (int64_t g0 = 0; g0 < groups; g0 += kChunkBlocks) {
-    for (int64_t line = 0; line < std::min(kChunkBlocks, groups - g0) * Blocks::kBytesPer32; line += kLineBytes)
-      _mm_prefetch(row + g0 * Blocks::kBytesPer32 + line + kAheadBytes, _MM_HINT_T0);
-    for (int64_t l = 0; l < kChunkBlocks && g0 + l < groups; ++l) {
-      const int64_t g = g0 + l, at = (a * groups + g) * kChunkBlocks;
-      Blocks::dwords(row + g * Blocks::kBytesPer32, dwords);
-      QInt sums = Blocks::kInterleavedStart ? i_load(x.start.data() + at) : i_zero();
-      const int8_t* codes = x.q.data() + at * kGroup;
-      for (int64_t c = 0; c < 8; ++c) sums = Blocks::dot_dword(sums, dwords[c], i_load(codes + c * kChunkBlocks * 4));
-      acc[l] = q_fma(q_cvt(sums), q_mul(q_set1(ws[n * groups + g]), q_load(x.d.data() + at)), acc[l]);
-      if (wm != nullptr) acc[l] = q_fma(q_set1(wm[n * groups + g]), q_load(x.sum.data() + at), acc[l]);
-    }
+// Weight rows n0..n0+J-1 as each dot product takes them (row j's block g at staged[(j * groups + g) * 8]: Q8_0 as
+// w + 128 where VNNI offsets, Q4's codes unpacked), prepared once per tile and then read for every row group.
+template <typename Blocks, int64_t J>
+inline void stage_tile(const char* w, int64_t groups, int64_t n0, uint32_t* staged) {
+  for (int64_t j = 0; j < J; ++j) {
+    const char* row = w + (n0 + j) * groups * Blocks::kBytesPer32;
+    for (int64_t line = 0; line < groups * Blocks::kBytesPer32; line += kLineBytes)
+      _mm_prefetch(row + J * groups * Blocks::kBytesPer32 + line, _MM_HINT_T0);   // the next tile's row j
+    for (int64_t g = 0; g < groups; ++g) Blocks::dwords(row + g * Blocks::kBytesPer32, staged + (j * groups + g) * 8);
   }
-  for (int64_t width = kChunkBlocks / 2; width >= 1; width /= 2)
-    for (int64_t l = 0; l < width; ++l) acc[l] = q_add(acc[l], acc[l + width]);
-  alignas(64) float total[kChunkBlocks];
-  q_store(total, acc[0]);
-  for (int64_t r = 0; r < rows; ++r) out[(a * kChunkBlocks + r) * N + n] = total[r];
+}
+
+// Row groups a0..a0+I-1 (activation rows a * kChunkBlocks + r, lane r of each vector) against the J staged weight
+// rows n0..: each output is fold_rows' chain op for op. Lane l of fold_rows' accumulator takes blocks l, l +
+// kChunkBlocks, ... in ascending order, so here lane l's blocks run as one chain in registers (I x J accumulators
+// and I x J integer sums live: the staged weight dwords and each row vector are loaded once for J, resp. I, dot
+// products), its result parked in `lanes`, and the fixed tree over lanes (8, 4, 2, 1 apart) ends each output.
+template <typename Blocks, int64_t I, int64_t J>
+inline void fold_groups(const uint32_t* staged, const float* ws, const float* wm, const InterleavedRows& x,
+                        int64_t a0, int64_t M, int64_t K, float* out, int64_t N, int64_t n0) {
+  const int64_t groups = K / kGroup;
+  QVec lanes[kChunkBlocks][I][J];
+  for (int64_t l = 0; l < kChunkBlocks; ++l) {
+    QVec acc[I][J];
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t j = 0; j < J; ++j) acc[i][j] = q_zero();
+    for (int64_t g = l; g < groups; g += kChunkBlocks) {
+      QInt sums[I][J];
+      int64_t at[I];
+      for (int64_t i = 0; i < I; ++i) {
+        at[i] = ((a0 + i) * groups + g) * kChunkBlocks;
+        const QInt start = Blocks::kInterleavedStart ? i_load(x.start.data() + at[i]) : i_zero();
+        for (int64_t j = 0; j < J; ++j) sums[i][j] = start;
+      }
+      const uint32_t* dwords = staged + g * 8;
+      for (int64_t c = 0; c < 8; ++c) {
+        QInt rows[I];
+        for (int64_t i = 0; i < I; ++i) {
+          rows[i] = i_load(x.q.data() + at[i] * kGroup + c * kChunkBlocks * 4);
+          __asm__("" : "+v"(rows[i]));   // one load for J products: else GCC folds it into each as a memory operand
+        }
+        for (int64_t j = 0; j < J; ++j)
+          for (int64_t i = 0; i < I; ++i) sums[i][j] = Blocks::dot_dword(sums[i][j], dwords[j * groups * 8 + c], rows[i]);
+      }
+      for (int64_t i = 0; i < I; ++i) {
+        const QVec dx = q_load(x.d.data() + at[i]);
+        for (int64_t j = 0; j < J; ++j) {
+          acc[i][j] = q_fma(q_cvt(sums[i][j]), q_mul(q_set1(ws[(n0 + j) * groups + g]), dx), acc[i][j]);
+          if (wm != nullptr) acc[i][j] = q_fma(q_set1(wm[(n0 + j) * groups + g]), q_load(x.sum.data() + at[i]), acc[i][j]);
+        }
+      }
+    }
+    for (int64_t i = 0; i < I; ++i)
+      for (int64_t j = 0; j < J; ++j) lanes[l][i][j] = acc[i][j];
+  }
+  for (int64_t i = 0; i < I; ++i)
+    for (int64_t j = 0; j < J; ++j) {
+      for (int64_t width = kChunkBlocks / 2; width >= 1; width /= 2)
+        for (int64_t l = 0; l < width; ++l) lanes[l][i][j] = q_add(lanes[l][i][j], lanes[l + width][i][j]);
+      alignas(64) float total[kChunkBlocks];
+      q_store(total, lanes[0][i][j]);
+      const int64_t first = (a0 + i) * kChunkBlocks;
+      for (int64_t r = 0; r < std::min(kChunkBlocks, M - first); ++r) out[(first + r) * N + n0 + j] = total[r];
+    }
 }
 
 // Rows of a group from which the interleaved kernel runs it: at 6 rows it was the faster of the two on both widths,
 // at 4 the row kernel (cpu_profile/q_interleaved_ab.json, q_interleaved_avx2_ab.json).
 constexpr int64_t kInterleaveFromRows = 6;
+// Weight rows per tile and row groups per pass of the interleaved kernel (kTileRows x kPassGroups accumulators and
+// as many integer sums held in vector registers: 32 of them on AVX-512, 16 on AVX2). On AVX2 a decode batch of one or
+// two groups (up to 16 rows) runs one weight row at a time, which was 10-20% faster there at 6-8 rows than tiles of
+// 2 (a tile's dwords are staged and read back; cheap against 16-row vectors, not against 8); tiles from 3 groups
+// (cpu_profile/quantized_tiles_ab.json).
+constexpr int64_t kTileRows = kChunkBlocks == 16 ? 4 : 2;
+constexpr int64_t kTileFromGroups = kChunkBlocks == 16 ? 1 : 3;
+constexpr int64_t kPassGroups = 2;
 
-// Every activation row against weight rows begin..end-1, one weight row at a time (as stream() does): full-enough
-// groups interleaved, the rest 4 rows a pass.
+// The interleaved groups (the first `full` groups) against J weight rows from n0, staged once for all of them.
+template <typename Blocks, int64_t J>
+void fold_tile(const char* w, const float* ws, const float* wm, const InterleavedRows& x, int64_t full, int64_t M,
+               int64_t K, float* out, int64_t N, int64_t n0, uint32_t* staged) {
+  stage_tile<Blocks, J>(w, K / kGroup, n0, staged);
+  int64_t a = 0;
+  for (; a + kPassGroups <= full; a += kPassGroups)
+    fold_groups<Blocks, kPassGroups, J>(staged, ws, wm, x, a, M, K, out, N, n0);
+  for (; a < full; ++a) fold_groups<Blocks, 1, J>(staged, ws, wm, x, a, M, K, out, N, n0);
+}
+
+// Every activation row against weight rows begin..end-1: groups of kChunkBlocks rows interleaved (a last group too
+// while it holds kInterleaveFromRows rows) against tiles of kTileRows weight rows, the rest 4 rows a pass.
 template <typename Blocks>
 void fold_quantized(const char* w, const float* ws, const float* wm, const QuantizedRows& x,
                     const InterleavedRows* interleaved, int64_t M, int64_t K, float* out, int64_t N, int64_t begin,
                     int64_t end) {
+  int64_t full = 0;
+  while (interleaved != nullptr && M - full * kChunkBlocks >= kInterleaveFromRows) ++full;
+  if (full > 0) {
+    std::vector<uint32_t> staged(kTileRows * K / 4);
+    int64_t n = begin;
+    for (; full >= kTileFromGroups && n + kTileRows <= end; n += kTileRows)
+      fold_tile<Blocks, kTileRows>(w, ws, wm, *interleaved, full, M, K, out, N, n, staged.data());
+    for (; n < end; ++n) fold_tile<Blocks, 1>(w, ws, wm, *interleaved, full, M, K, out, N, n, staged.data());
+  }
   for (int64_t n = begin; n < end; ++n) {
-    int64_t m = 0;
-    for (; interleaved != nullptr && M - m >= kInterleaveFromRows; m += kChunkBlocks)
-      fold_interleaved<Blocks>(w, ws, wm, *interleaved, m / kChunkBlocks, std::min(kChunkBlocks, M - m), K, out, N, n);
-    for (; m < M; m += 4) {
+    for (int64_t m = std::min(M, full * kChunkBlocks); m < M; m += 4) {
       switch (std::min<int64_t>(4, M - m)) {
         case 1: fold_rows<Blocks, 1>(w, ws, wm, x, m, K, out, N, n); break;
         case 2: fold_rows<Blocks, 2>(w, ws, wm, x, m, K, out, N, n); break;

@@ -3,10 +3,13 @@ Q4_0/Q4_1). bf16 weights multiply activations rounded to bf16 (AVX512_BF16 dot p
 and Q4 weights at decode batches multiply activations quantized to Q8_0 blocks (int8 dot products, as llama.cpp); fp16
 weights multiply in fp32.
 
-Small batches (decode) run the C++ kernel, which widens each weight row in cache; large ones (prefill) widen the whole
-weight once and hand it to BLAS, which is faster when many activation rows share the weight. bf16 weights on a CPU
-with AMX tiles skip the widening: oneDNN multiplies them as they are on AMX, 3-4x faster than fp32 BLAS at 64-256
-rows (benchmarks/results/cpu_profile/amx_prefill.json), its outputs rounded to bf16.
+Float formats: small batches (decode) run the C++ kernel, which widens each weight row in cache; large ones (prefill)
+widen the whole weight once and hand it to BLAS, which is faster when many activation rows share the weight. bf16
+weights on a CPU with AMX tiles skip the widening: oneDNN multiplies them as they are on AMX, 3-4x faster than fp32
+BLAS at 64-256 rows (benchmarks/results/cpu_profile/amx_prefill.json), its outputs rounded to bf16. Q8_0 and Q4
+weights run the kernel's integer dot products at every batch size (tiled over weight and activation rows, faster
+than widening + fp32 BLAS from 16 to 272 rows: cpu_profile/quantized_tiles_ab.json), so prefill and decode compute
+a row alike and no fp32 copy of a weight is ever made.
 """
 
 import torch
@@ -32,10 +35,12 @@ def linear(x: torch.Tensor, format: str, weight: torch.Tensor, scales: torch.Ten
     kernels, code = load(), FORMATS[format]
     scales = _EMPTY if scales is None else scales
     mins = _EMPTY if mins is None else mins
-    if x.dim() == 2 and x.dtype == torch.float32 and x.shape[0] <= KERNEL_MAX_ROWS and x.is_contiguous():
+    every_batch = quantizes_activations(format)
+    if x.dim() == 2 and x.dtype == torch.float32 and (x.shape[0] <= KERNEL_MAX_ROWS or every_batch) \
+            and x.is_contiguous():
         return kernels.linear(x, weight, scales, mins, code, in_features)   # a decode step's case, nothing to adapt
     rows = x.reshape(-1, in_features).float().contiguous()
-    if rows.shape[0] <= KERNEL_MAX_ROWS:
+    if rows.shape[0] <= KERNEL_MAX_ROWS or every_batch:
         out = kernels.linear(rows, weight, scales, mins, code, in_features)
     elif format == "bf16" and AMX:
         out = torch.nn.functional.linear(rows.bfloat16(), weight).float()
@@ -52,8 +57,8 @@ def native_bf16() -> bool:
 
 
 def quantizes_activations(format: str) -> bool:
-    """Whether the row kernel (up to KERNEL_MAX_ROWS rows) multiplies this format's weights by activations quantized
-    to Q8_0 blocks here: Q8_0 and Q4 wherever the build has AVX2 or AVX-512 VNNI integer dot products."""
+    """Whether the kernel multiplies this format's weights by activations quantized to Q8_0 blocks here, at every
+    batch size: Q8_0 and Q4 wherever the build has AVX2 or AVX-512 VNNI integer dot products."""
     return format in ("q8", "q4") and load().quantized_dot()
 
 

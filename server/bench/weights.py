@@ -38,8 +38,8 @@ def run_weight_accuracy(config: EngineConfig, formats: tuple[str, ...] = FORMATS
                      "prompts": f"{len(chat)} chat (chat template) + {len(raw)} raw (server/bench/data/{PROMPTS.name})",
                      "max_tokens": max_tokens, "greedy": True, "ignore_eos": True, "math": "fp32",
                      "formats": {"none": "dense fp32", "f16": "fp16 weights",
-                                 "bf16": "bf16 weights, activations rounded to bf16 in the dot products", "int8": "Q8_0 blocks of 32 (gguf-py); at decode batches the "
-                                 "activations are quantized to Q8_0 blocks too where the CPU has int8 dot products",
+                                 "bf16": "bf16 weights, activations rounded to bf16 in the dot products", "int8": "Q8_0 blocks of 32 (gguf-py); the activations are "
+                                 "quantized to Q8_0 blocks too (prefill and decode) where the CPU has int8 dot products",
                                  "int4": "Q4_1 blocks of 32 (gguf-py), lm_head Q8_0 (as int8)", "gguf": "the model's .gguf blocks as stored"},
                      "threads": torch.get_num_threads(), "machine_note": machine_note(load_at_start)},
     }

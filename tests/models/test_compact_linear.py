@@ -27,12 +27,12 @@ def q8_0_activations(x: torch.Tensor) -> torch.Tensor:
 
 def kernel_reference(layer: CompactLinear, x: torch.Tensor) -> torch.Tensor:
     """What the layer computes, in float64: the widened weight times x, with x rounded to bf16 for bf16 weights and
-    quantized to Q8_0 blocks where the row kernel does that for Q8_0 weights (weight_linear.quantizes_activations);
-    the prefill path (more rows) multiplies Q8_0 weights by the fp32 values."""
+    quantized to Q8_0 blocks where the kernel does that for Q8_0 / Q4 weights (weight_linear.quantizes_activations,
+    at every batch size)."""
     weight = layer.unpacked_weight()
     if layer.format == "bf16":
         x, weight = x.bfloat16(), weight.bfloat16()
-    elif x.shape[0] <= weight_linear.KERNEL_MAX_ROWS and weight_linear.quantizes_activations(layer.format):
+    elif weight_linear.quantizes_activations(layer.format):
         x = q8_0_activations(x)
     out = x.double() @ weight.double().T
     return out if layer.bias is None else out + layer.bias.double()
@@ -48,7 +48,7 @@ def test_gguf_blocks_widen_exactly_and_multiply_like_the_reference(block_type, o
     layer = CompactLinear.from_blocks(blocks, block_type, in_features, bias)
     reference = torch.from_numpy(quants.dequantize(blocks, block_type).copy())
     assert torch.equal(layer.unpacked_weight(), reference)       # same rounding as gguf-py, bit for bit
-    for rows in (1, 2, 3, 4, 5, 8, 17, weight_linear.KERNEL_MAX_ROWS + 7):
+    for rows in (1, 2, 3, 4, 5, 8, 17, weight_linear.KERNEL_MAX_ROWS + 7, 70):
         x = torch.randn(rows, in_features)
         torch.testing.assert_close(layer(x).double(), kernel_reference(layer, x), rtol=1e-5, atol=1e-5)
 
@@ -118,13 +118,16 @@ def test_activation_codes_at_rounding_ties_match_the_reference():
 @pytest.mark.parametrize("weight_format", ["f16", "bf16", "int8", "int4"])
 def test_a_row_gets_the_same_bits_whatever_it_is_batched_with(weight_format, in_features):
     """Every batch size runs the same operations in the same order per output (streamed rows at 1-2 sequences, tiles
-    above; a last partial tile at 130 outputs; Q8_0 / Q4 on AVX-512 VNNI: one row at a time below 8 rows, 16 rows
-    interleaved from 8, 18 or 17 blocks a row): a sequence's logits never depend on its batch neighbours."""
+    above; a last partial tile at 130 outputs; Q8_0 / Q4 on AVX-512 VNNI: one row at a time below 6 rows, 16 rows
+    interleaved from 6, two groups of 16 a pass against 4 weight rows, a last group interleaved or row by row, 18 or
+    17 blocks a row): a sequence's logits never depend on its batch neighbours. Q8_0 / Q4 keep that at prefill sizes
+    too (the float formats hand those to BLAS)."""
     torch.manual_seed(1)
     layer = CompactLinear.from_linear(nn.Linear(in_features, 130, bias=False).requires_grad_(False), weight_format)
-    x = torch.randn(weight_linear.KERNEL_MAX_ROWS, in_features)
+    every_batch = weight_linear.quantizes_activations(layer.format)
+    x = torch.randn(75 if every_batch else weight_linear.KERNEL_MAX_ROWS, in_features)
     alone = torch.cat([layer(x[i:i + 1]) for i in range(x.shape[0])])
-    for rows in (2, 3, 4, 5, 7, 8, 17, 24, weight_linear.KERNEL_MAX_ROWS):
+    for rows in (2, 3, 4, 5, 7, 8, 17, 24, weight_linear.KERNEL_MAX_ROWS) + ((40, 53, 75) if every_batch else ()):
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
 
 
@@ -178,9 +181,9 @@ def test_builds_without_avx512_quantize_activations_like_the_reference(march, fl
         layer = CompactLinear.from_blocks(quants.quantize(weight, block_type), block_type, k, None)
         scales = layer.scales
         mins = layer.mins if layer.mins is not None else torch.empty(0)
-        x = torch.randn(weight_linear.KERNEL_MAX_ROWS, k)
+        x = torch.randn(45, k)
         alone = torch.cat([module.linear(x[i:i + 1], layer.weight, scales, mins, code, k) for i in range(len(x))])
         want = q8_0_activations(x) @ layer.unpacked_weight().double().T
         torch.testing.assert_close(alone.double(), want, rtol=1e-5, atol=1e-5)
-        for rows in (3, 4, 8, 13, weight_linear.KERNEL_MAX_ROWS):       # one row at a time, then rows interleaved
+        for rows in (3, 4, 8, 13, 32, 45):   # one row at a time, rows interleaved (8 a group), groups 2 a pass
             assert torch.equal(module.linear(x[:rows], layer.weight, scales, mins, code, k), alone[:rows]), (k, rows)

@@ -34,7 +34,9 @@ def test_each_weight_format_keeps_perplexity_and_greedy_outputs_close():
     result = run_weight_accuracy(EngineConfig(kv_cache_memory="128MiB"), max_tokens=8, text_tokens=256,
                                  num_prompts=1)
     increase = result["ppl_increase_pct_vs_fp32"]
-    assert abs(increase["gguf"]) < 0.05
+    # gguf's blocks widen to the dense checkpoint bit for bit (above), but Q8_0 / Q4 multiply activations quantized
+    # to Q8_0 blocks in prefill too, so gguf is a 4-bit format here like int4 (the same blocks: the same numbers)
+    assert result["ppl"]["gguf"] == result["ppl"]["int4"]
     assert increase["f16"] < 1 and increase["bf16"] < 1 and increase["int8"] < 1 and increase["int4"] < 5
     assert all(abs(value) < 10 for value in increase.values())
     decode = result["ppl_decode_path_increase_pct_vs_fp32"]    # the row kernel: Q8_0 / Q4 quantize the activations
