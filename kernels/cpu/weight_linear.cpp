@@ -489,8 +489,8 @@ inline QInt chunk_sums(const Unit& unit) {
 // rows and 60-65 -> 31-38 at 32, Q4 35-39 -> 17-21 and 73-76 -> 30-37, the same within noise at 1-6 rows
 // (benchmarks/results/cpu_profile/q_interleaved_ab.json). The interleaved kernel runs tiles of weight rows against
 // pairs of row groups, each staged weight dword and each row vector loaded once for several products, so it also
-// carries prefill: the 120 decoder linears of a 272-row SmolLM2 prefill on the AVX-512 EPYC 162-182 ms against
-// 342-425 for widening the weights to fp32 and calling BLAS (cpu_profile/quantized_tiles_ab.json).
+// carries prefill: the 120 decoder linears of a 272-row SmolLM2 prefill on the AVX-512 EPYC 174-182 ms against
+// 345-469 for widening the weights to fp32 and calling BLAS (cpu_profile/quantized_tiles_ab.json).
 #ifdef STRATA_Q8_OFFSET
 // One unit of Q8_0 weight blocks against activations offset to unsigned (u = q + 128): VNNI sums u8 x s8 products
 // without saturating, so each lane's sum of u * w, started from -128 * its sum of w (taken once per weight block for
