@@ -35,12 +35,12 @@ def linear(x: torch.Tensor, format: str, weight: torch.Tensor, scales: torch.Ten
     kernels, code = load(), FORMATS[format]
     scales = _EMPTY if scales is None else scales
     mins = _EMPTY if mins is None else mins
-    every_batch = quantizes_activations(format)
-    if x.dim() == 2 and x.dtype == torch.float32 and (x.shape[0] <= KERNEL_MAX_ROWS or every_batch) \
-            and x.is_contiguous():
+    # decode sizes decide without asking the module (a call per layer per step); Q8_0 / Q4 take the kernel at any size
+    on_kernel = x.numel() <= KERNEL_MAX_ROWS * in_features or quantizes_activations(format)
+    if on_kernel and x.dim() == 2 and x.dtype == torch.float32 and x.is_contiguous():
         return kernels.linear(x, weight, scales, mins, code, in_features)   # a decode step's case, nothing to adapt
     rows = x.reshape(-1, in_features).float().contiguous()
-    if rows.shape[0] <= KERNEL_MAX_ROWS or every_batch:
+    if on_kernel:
         out = kernels.linear(rows, weight, scales, mins, code, in_features)
     elif format == "bf16" and AMX:
         out = torch.nn.functional.linear(rows.bfloat16(), weight).float()
