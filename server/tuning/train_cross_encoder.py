@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from strata.server.tuning.cross_encoder_torch import AdapterConfig, PairInputs, TorchCrossEncoder, collate, predict
-from strata.server.tuning.hard_negatives import KINDS, hard_negatives
+from strata.server.tuning.hard_negatives import DEFAULT_KINDS, KINDS, hard_negatives
 from strata.server.tuning.pairs import Pair
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class TrainConfig:
     train_bias_ln: bool = True
     max_len: int = 128
     repeat: dict[str, int] = field(default_factory=lambda: {"hard_pairs": 3, "faq_pairs": 3})  # domain -> copies
-    hard_negatives: tuple[str, ...] = KINDS         # synthetic near-miss kinds added (hard_negatives.py)
+    hard_negatives: tuple[str, ...] = DEFAULT_KINDS # synthetic near-miss kinds added (hard_negatives.py)
     warmup: float = 0.06                            # share of the steps spent warming up
     weight_decay: float = 0.01                      # on LoRA matrices only
     seed: int = 0
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> Path:
     ap.add_argument("--repeat", default=",".join(f"{k}={v}" for k, v in d.repeat.items()),
                     help="domain=copies per epoch, comma-separated")
     ap.add_argument("--hard-negatives", default=",".join(d.hard_negatives),
-                    help="synthetic near-miss kinds to add, comma-separated (number, swap, negation; empty: none)")
+                    help=f"synthetic near-miss kinds to add, comma-separated ({', '.join(KINDS)}; empty: none)")
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--threads", type=int, default=d.threads)
     ap.add_argument("--ckpt-every", type=int, default=d.ckpt_every)

@@ -77,6 +77,29 @@ def test_negation_is_not_made_where_it_keeps_the_intent_or_breaks_the_sentence(q
     assert edited(same("花呗", query), "negation") == []
 
 
+@pytest.mark.parametrize("cached, query, choices", [
+    ("left eye twitching meaning", "What does it mean when my Left eye twitches?",
+     {"What does it mean when my Right eye twitches?"}),
+    ("translate hello to French", "how do I say hello in French", {f"how do I say hello in {lang.capitalize()}" for
+     lang in "english spanish german italian portuguese russian chinese japanese korean arabic".split()}),
+    ("左眼皮跳是什么征兆", "左眼皮一直跳预示什么", {"右眼皮一直跳预示什么"}),
+    ("上个月的账单", "怎么查上个月账单", {"怎么查下个月账单"}),          # one word, not a "上" inside it
+    ("开通花呗", "花呗怎么开通", {"花呗怎么关闭"}),
+])
+def test_a_shared_word_of_a_closed_class_is_replaced_by_a_sibling(cached, query, choices):
+    [edit] = edited(same(cached, query), "contrast")
+    assert edit in choices
+
+
+@pytest.mark.parametrize("cached, query", [
+    ("eye twitching meaning", "What does it mean when my left eye twitches?"),   # the word is not shared
+    ("花呗", "花呗怎么开通"),
+    ("left", "leftover rice recipes"),                                         # inside another word
+])
+def test_contrast_needs_the_word_on_both_sides_as_a_word(cached, query):
+    assert edited(same(cached, query), "contrast") == []
+
+
 def test_only_same_intent_pairs_are_edited_and_the_output_is_deterministic():
     pairs = [same("convert pounds to kilograms", "convert pounds to kilograms please"),
              Pair("为什么不能用花呗", "为什么不能用借呗", False, "zh", "test"),
