@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -100,6 +101,9 @@ class Completer:
         self.model_key = self.info.model_key
         self.prompts = PromptTokens(engine.inputs)
         self.cache_drafts = CACHE_DRAFTS if "cache" in engine.config.speculative.split("+") else 0
+        # Misses admitted and not finished. The engine registers a stream only once its response is read, so requests
+        # arriving together all saw an empty queue: --max-queue counts from admission.
+        self.admitted = 0
 
     async def answer(self, req: ChatCompletionRequest | CompletionRequest, tenant: str, cache_control: str,
                      client_id: str | None, started: float, prompt: str | list[int] | None = None,
@@ -144,10 +148,14 @@ class Completer:
                         started=started, lookup=lookup, logprobs=[] if params.logprobs is not None else None,
                         echo=self.echo_text(prompt, ids) if echo else None,
                         scores_only=req.requested_max_tokens() == 0)
+        queued = max(self.engine.num_pending, self.admitted)
+        if queued >= self.config.max_queue:
+            if lookup is not None:
+                lookup.release()
+            raise APIError(503, f"server overloaded: {queued} requests queued; retry shortly", code="overloaded",
+                           headers={"Retry-After": "1"})
+        done = self._admit()
         try:
-            if self.engine.num_pending >= self.config.max_queue:
-                raise APIError(503, f"server overloaded: {self.engine.num_pending} requests queued; retry shortly",
-                               code="overloaded", headers={"Retry-After": "1"})
             try:
                 self.engine.check_available()      # before any stream is promised: a 503 now, not an in-band error
             except EngineUnavailable as exc:
@@ -155,12 +163,27 @@ class Completer:
             seq = self.inputs.make_sequence(list(ids), params)
             if lookup is not None and lookup.drafts:
                 seq.draft_candidates = [await self.tokens_of(text) for text in lookup.drafts]
-        except (APIError, RequestError, InvalidParam) as exc:
+        except BaseException as exc:
+            done()
             if lookup is not None:
                 lookup.release()        # followers compute themselves; nothing computed, nothing to remember
+            if not isinstance(exc, (APIError, RequestError, InvalidParam)):
+                raise
             raise exc if isinstance(exc, APIError) else bad_param(exc, prompt_param) from None
-        answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer, leader)
+        answer.pieces = self._generate(seq, lookup, tuple(req.cache_tags), answer, leader, done)
+        weakref.finalize(answer.pieces, done)       # a response never read (client gone first) ends here
         return answer
+
+    def _admit(self):
+        """Count one admitted miss; the returned callable uncounts it, once however often it is called."""
+        self.admitted += 1
+        state = {"counted": True}
+
+        def done() -> None:
+            if state["counted"]:
+                state["counted"] = False
+                self.admitted -= 1
+        return done
 
     def check_model(self, model: str) -> None:
         """404 for a model this server does not serve."""
@@ -269,8 +292,9 @@ class Completer:
         return answer
 
     async def _generate(self, seq: Sequence, lookup: Lookup | None, tags: tuple[str, ...],
-                        answer: Answer, leader: Answer | None) -> AsyncIterator[str]:
-        """Engine output as it comes; closing early aborts the sequence (blocks freed) and releases followers."""
+                        answer: Answer, leader: Answer | None, done) -> AsyncIterator[str]:
+        """Engine output as it comes; closing early aborts the sequence (blocks freed) and releases followers. `done`
+        uncounts the admission when the output ends, however it ends."""
         text, echo = "", answer.echo
         try:
             if leader is not None:
@@ -309,6 +333,7 @@ class Completer:
                 lookup.fail(exc)
             raise
         finally:
+            done()
             answer.prefilled.set()          # later samples go on even when this one ended before its first output
         if lookup is not None:
             lookup.complete(text, tags=tags, meta=AnswerMeta(answer.finish_reason, answer.completion_tokens))

@@ -2,6 +2,7 @@
 block leaks (also when a client disconnects mid-stream)."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -137,6 +138,26 @@ def test_overload_answers_503_with_retry_after_but_hits_still_serve(server):
         assert hit.status_code == 200 and hit.headers["x-strata-cache"] == "exact"
     finally:
         settings.max_queue = saved
+
+
+def test_max_queue_holds_for_requests_that_arrive_together(server):
+    """Misses arriving in one burst each count from admission, not from when the engine first reads them."""
+    settings = server.app.state.config
+    saved, settings.max_queue = settings.max_queue, 3
+
+    async def burst() -> list[int]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, headers={  # each one computed, none shared
+                "Authorization": "Bearer key-acme", "Cache-Control": "no-store"}) as http:
+            bodies = [{"model": MODEL, "messages": [{"role": "user", "content": f"Tell me a story about owl {i}."}],
+                       "max_tokens": 200, "temperature": 0} for i in range(12)]
+            return [r.status_code for r in await asyncio.gather(*(http.post(CHAT, json=b) for b in bodies))]
+
+    try:
+        codes = asyncio.run(burst())
+    finally:
+        settings.max_queue = saved
+    assert sorted(codes) == [200] * 3 + [503] * 9, codes
+    assert server.app.state.completer.admitted == 0
 
 
 def test_n_over_the_choice_limit_is_refused(server):
