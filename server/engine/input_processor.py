@@ -6,6 +6,7 @@ tokenizer and the few numbers in ModelInfo, which the engine process reports whe
 its own requests with the same class, so both processes refuse the same input with the same message.
 """
 
+import functools
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,10 +77,33 @@ class InputProcessor:
         return self.tokenizer.encode(prompt)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        if self.tokenizer is None:
+        """The turns in the model's chat template. A message's text is only text: "<|im_end|>" written in a message
+        stays those characters, so a user cannot close their turn and open a system one."""
+        tokenizer = self.tokenizer
+        if tokenizer is None:
             raise RequestError("this model has no tokenizer: pass token ids")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        if not any(marker in m["content"] for m in messages for marker in self._control_tokens):
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        # Render with a placeholder per message, then tokenize the template's parts (control tokens parsed) and the
+        # messages' texts (control tokens split into plain characters) apart.
+        holders = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        rendered = tokenizer.apply_chat_template([m | {"content": h} for m, h in zip(messages, holders, strict=True)],
+                                                 add_generation_prompt=True, tokenize=False)
+        if any(rendered.count(h) != 1 for h in holders):
+            raise RequestError("a message holds the model's control tokens as text, and its chat template does not "
+                               "keep each message whole: remove them")
+        ids: list[int] = []
+        for message, holder in zip(messages, holders, strict=True):
+            template, _, rendered = rendered.partition(holder)
+            ids += tokenizer.encode(template, add_special_tokens=False)
+            ids += tokenizer.encode(message["content"], add_special_tokens=False, split_special_tokens=True)
+        return ids + tokenizer.encode(rendered, add_special_tokens=False)
+
+    @functools.cached_property
+    def _control_tokens(self) -> tuple[str, ...]:
+        """The texts the tokenizer turns into its special tokens (<|im_start|>, <|im_end|>, ...)."""
+        return tuple(t.content for t in self.tokenizer.added_tokens_decoder.values() if t.special)
 
     def make_sequence(self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None,
                       chat: bool = False) -> Sequence:
