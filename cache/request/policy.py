@@ -14,6 +14,10 @@ from cachetools import LRUCache, cached
 from strata.cache.request.keys import RequestKey
 from strata.cache.request.request import CacheRequest
 
+# The engine decodes greedily below this temperature (server.engine.sampling_params.MIN_TEMPERATURE, which this
+# layer may not import; a test keeps the two equal): such a request gets the greedy answer, so it is cached as one.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(slots=True)
 class Decision:
@@ -51,7 +55,8 @@ def _bypass(reason: str) -> Decision:
 
 
 class Policy:
-    """Rules from a JSON file (shipped default: data/policy_rules.json, English and Chinese).
+    """Rules from a JSON file (shipped default: data/policy_rules.json: English and Chinese, and real-time words of
+    French, Spanish, German, Portuguese and Italian; other scripts bypass).
 
     temperature > 0, rule "seeded-exact" (default): exact layer only and only when a seed is given,
     otherwise bypass (an unseeded sample is meant to differ); "exact": exact layer only; "bypass": always bypass.
@@ -61,6 +66,10 @@ class Policy:
         if not isinstance(rules, dict) or not isinstance(rules.get("bypass"), dict) or not rules["bypass"]:
             raise ValueError("policy rules need a non-empty 'bypass' object of class -> regex list")
         self.bypass_rules = [(name, _compile(f"bypass.{name}", p)) for name, p in rules["bypass"].items()]
+        scripts = rules.get("scripts")
+        if scripts is not None and (not isinstance(scripts, list) or not all(isinstance(x, str) for x in scripts)):
+            raise ValueError("policy rules: 'scripts' must be a list of Unicode script name prefixes, e.g. [\"LATIN\"]")
+        self.scripts = tuple(x.upper() for x in scripts) if scripts is not None else None
         self.ttl_rules: list[tuple[str, float, re.Pattern[str]]] = []
         for i, cls in enumerate(rules.get("ttl_classes", [])):
             if not isinstance(cls, dict) or not isinstance(cls.get("name"), str) or not _positive(cls.get("ttl_s")):
@@ -89,8 +98,13 @@ class Policy:
         return cls(rules, **kwargs)
 
     def bypass_reason(self, text: str) -> str | None:
-        """The first bypass class whose rules match text (real-time, money, legal, security, ...), else None."""
+        """The first bypass class whose rules match text (real-time, money, legal, security, ...), else None; text
+        with letters of a script the rules do not read ("scripts": Cyrillic, Arabic, kana, ... for the shipped
+        rules) is "unvetted-language": no rule could have told a real-time question in it."""
         text = _classified(text)
+        if self.scripts is not None and any(ch.isalpha() and not unicodedata.name(ch, "").startswith(self.scripts)
+                                            for ch in text):
+            return "unvetted-language"
         return next((name for name, rx in self.bypass_rules if rx.search(text)), None)
 
     def ttl_class(self, text: str) -> tuple[str, float]:
@@ -117,7 +131,7 @@ class Policy:
         if n not in (None, 1):
             return _bypass("n>1")
         semantic = True
-        if temperature > 0:
+        if temperature >= GREEDY_BELOW:
             if self.temperature_rule == "bypass" or (self.temperature_rule == "seeded-exact" and req.sampling.get("seed") is None):
                 return _bypass("sampling")
             semantic = False

@@ -82,6 +82,15 @@ def test_temperature_rules():
         decide(seeded, "Write", {"temperature": "hot"})
 
 
+def test_temperatures_the_engine_decodes_greedily_are_cached_as_greedy(policy):
+    from strata.cache.request.policy import GREEDY_BELOW
+    from strata.server.engine.sampling_params import MIN_TEMPERATURE
+
+    assert GREEDY_BELOW == MIN_TEMPERATURE
+    assert not decide(policy, "Write a haiku", {"temperature": 1e-45}).bypass
+    assert decide(policy, "Write a haiku", {"temperature": MIN_TEMPERATURE}).reason == "sampling"
+
+
 def test_request_flags(policy):
     assert decide(policy, "Write a haiku", no_store=True).reason == "no-store"
     assert decide(policy, "Write a haiku", mode="off").reason == "mode-off"
@@ -93,6 +102,27 @@ def test_request_flags(policy):
     assert d.lookup_exact and not d.lookup_semantic
 
 
+@pytest.mark.parametrize("text", [
+    "What is the temperature in London?", "Is it sunny outside?", "Quel temps fait-il maintenant ?",
+    "¿Qué tiempo hace ahora en Madrid?", "Wie ist das Wetter jetzt in Berlin?", "Qual é a previsão do tempo hoje?",
+    "Che tempo fa oggi a Roma?", "Combien coûte un bitcoin ?",
+])
+def test_real_time_questions_of_other_wordings_and_languages_bypass(policy, text):
+    assert decide(policy, text).reason == "realtime"
+
+
+@pytest.mark.parametrize("text", ["Какая сегодня погода?", "今日の天気は？", "오늘 날씨 어때?", "ما هو سعر الذهب"])
+def test_scripts_the_rules_cannot_read_bypass(policy, text):
+    d = decide(policy, text)
+    assert d.bypass and not d.write and d.reason == "unvetted-language"
+
+
+@pytest.mark.parametrize("text", ["Café au lait recipe", "Explain naïve Bayes", "什么是机器学习", "Say hi 😀",
+                                  "What is the boiling temperature of water?"])
+def test_latin_and_chinese_text_is_still_read_by_the_rules(policy, text):
+    assert not decide(policy, text).bypass
+
+
 def test_custom_rules_file(tmp_path):
     path = tmp_path / "rules.json"
     path.write_text(json.dumps({"bypass": {"pets": ["\\bcat\\b", "猫"]}, "default": {"name": "d", "ttl_s": 60}}))
@@ -100,8 +130,12 @@ def test_custom_rules_file(tmp_path):
     assert decide(p, "Is my cat hungry").reason == "pets"
     assert decide(p, "Weather today?").ttl_s == 60
     assert decide(p, "Is my CAT hungry").reason == "pets"
+    assert not decide(p, "Моя кошка голодна?").bypass            # no "scripts": every script is read
+    path.write_text(json.dumps({"bypass": {"pets": ["\\bcat\\b"]}, "scripts": ["latin", "cyrillic"]}))
+    assert not decide(Policy.load(path), "Моя кошка голодна?").bypass
+    assert decide(Policy.load(path), "ネコ").reason == "unvetted-language"
     for bad in ({"bypass": {}}, {"bypass": {"x": ["("]}}, {"bypass": {"x": ["a"]}, "ttl_classes": [{"name": "s"}]},
-                {"bypass": {"x": ["Cat"]}}):
+                {"bypass": {"x": ["Cat"]}}, {"bypass": {"x": ["a"]}, "scripts": "LATIN"}):
         path.write_text(json.dumps(bad))
         with pytest.raises(ValueError):
             Policy.load(path)
