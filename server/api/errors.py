@@ -26,8 +26,8 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": _TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
+        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 

@@ -77,12 +77,21 @@ def openai_router(auth: Auth, completer: Completer, metrics: Metrics, max_body_b
     async def completions(request: Request):
         return await complete(request, CompletionRequest)
 
+    def model_card() -> dict:
+        return {"id": info.model_id, "object": "model", "created": int(time.time()), "owned_by": "strata",
+                "root": completer.model_key, "max_model_len": info.max_model_len}
+
     @router.get("/models")
     async def models(request: Request):
         auth.tenant(request)
-        return {"object": "list", "data": [{"id": info.model_id, "object": "model", "created": int(time.time()),
-                                            "owned_by": "strata", "root": completer.model_key,
-                                            "max_model_len": info.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @router.get("/models/{model:path}")
+    async def model(request: Request, model: str):
+        """One model (the openai client's models.retrieve)."""
+        auth.tenant(request)
+        completer.check_model(model)
+        return model_card()
 
     return router
 

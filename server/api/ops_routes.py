@@ -22,7 +22,7 @@ def ops_router(auth: Auth, engine: EngineClient, metrics: Metrics, cache: Reques
     router = APIRouter()
     ops = [Depends(auth.check_ops)]
 
-    @router.get("/health")
+    @router.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         """ok | degraded (serving, with a fault worth a look) | starting | failed; 503 while it cannot serve.
         A short reason only: the details are in the server log."""

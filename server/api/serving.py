@@ -127,7 +127,7 @@ class Completer:
         except PromptTooLong as exc:
             raise APIError(400, str(exc), param=prompt_param, code="context_length_exceeded") from None
         except ValueError as exc:
-            raise APIError(400, str(exc), param=prompt_param) from None
+            raise APIError(400, str(exc), param=prompt_param, code="invalid_value") from None
         params = self._params(req, len(ids), prompt_param, sample)
         if messages is not None:
             self.prompts.remember(chat, turns, ids)

@@ -160,6 +160,15 @@ def test_max_queue_holds_for_requests_that_arrive_together(server):
     assert server.app.state.completer.admitted == 0
 
 
+def test_wrong_method_token_ids_outside_the_vocabulary_and_health_probes(server):
+    with server.http() as http:
+        error_of(http.get(CHAT), 405)
+        assert http.get(CHAT).json()["error"]["type"] == "invalid_request_error"      # the client's mistake
+        error_of(http.post("/v1/completions", json={"model": MODEL, "prompt": [10**9], "max_tokens": 1}), 400,
+                 "invalid_value", "prompt")
+        assert http.head("/health").status_code == 200
+
+
 def test_n_over_the_choice_limit_is_refused(server):
     error_of(chat(server, n=65), 400, "invalid_value", "n")
 

@@ -2,6 +2,7 @@
 given (its usage counts them), /v1/models says the context length, bad input gets OpenAI-shaped 4xx."""
 from __future__ import annotations
 
+import openai
 import pytest
 from helpers.http_server import MODEL, client
 
@@ -18,6 +19,10 @@ def post(server, path: str, body: dict, key: str | None = "key-acme"):
 def test_models_list_the_context_length(server):
     (model,) = client(server).models.list().data
     assert model.id == MODEL and model.model_extra["max_model_len"] == server.inputs.info.max_model_len
+    assert client(server).models.retrieve(MODEL).model_extra["max_model_len"] == server.inputs.info.max_model_len
+    with pytest.raises(openai.NotFoundError) as err:
+        client(server).models.retrieve("gpt-9")
+    assert err.value.body["code"] == "model_not_found"
 
 
 def test_tokenize_messages_counts_what_a_chat_completion_uses(server):
