@@ -1,6 +1,7 @@
 # `make serve` and `make test` work on a fresh machine: each creates .venv and installs what is missing.
 PYTHON ?= python3
 VENV := .venv
+PORT ?= 8000
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
@@ -19,7 +20,7 @@ $(STAMP): requirements.txt pyproject.toml
 install: $(STAMP)
 
 serve: install
-	$(VENV)/bin/strata serve --host 127.0.0.1 --port 8000
+	$(VENV)/bin/strata serve --host 127.0.0.1 --port $(PORT)
 
 # The status-page test drives Debian's headless chromium; install it when missing (CI runs as root).
 chromium:
