@@ -5,7 +5,16 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from strata.server.api.unsupported import (
@@ -116,9 +125,33 @@ class TextPart(Strict):
     text: str
 
 
+_TEXT_PART = '{"type": "text", "text": "..."}'
+
+
+def as_content(value):
+    """A message's content as a string, a list of text parts or null, so that an error names `content` and says
+    what is served, not a member of a union (an image part: this server's models read text only)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        for i, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise PydanticCustomError("invalid_value", "part {i} is {kind}: content parts must be {form}; this "
+                                          "model reads no images or audio", {"i": i, "form": _TEXT_PART, "kind": repr(
+                                              kind) if kind and kind != "text" else "not a text part"})
+        return value
+    raise PydanticCustomError("invalid_value", "content must be a string or a list of text parts")
+
+
+Content = Annotated[str | list[TextPart] | None, BeforeValidator(as_content),
+                    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}},
+                                              {"type": "null"}]})]
+
+
 class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: Content = None
     name: str | None = None         # a participant's name: accepted, but the chat templates served here have no place for it
     # what the openai client's own assistant message carries when a conversation is sent back: null only
     refusal: NullOnly = None
@@ -126,6 +159,15 @@ class ChatMessage(Strict):
     function_call: NullOnly = None
     audio: NullOnly = None
     annotations: NullOnly = None
+
+    @model_validator(mode="after")
+    def _content_unless_assistant(self) -> ChatMessage:
+        """Only an assistant's message may have no content (OpenAI's tool-call turns); a user's or a system's
+        without any is a client's mistake, not an empty question."""
+        if self.content is None and self.role != "assistant":
+            raise PydanticCustomError("invalid_value", "a {role} message needs content (a string or text parts)",
+                                      {"role": self.role})
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):

@@ -65,6 +65,11 @@ def test_missing_field(server):
     ("messages", "hello", "messages"),
     ("stream", "yes", "stream"),
     ("cache", "sometimes", "cache"),
+    ("messages", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+     "messages.0.content"),
+    ("messages", [{"role": "user", "content": 7}], "messages.0.content"),
+    ("messages", [{"role": "user", "content": None}], "messages.0"),
+    ("messages", [{"role": "system"}, {"role": "user", "content": "Hi"}], "messages.0"),
 ])
 def test_wrong_types(server, field, value, param):
     error_of(chat(server, **{field: value}), 400, "invalid_value", param)
