@@ -22,7 +22,7 @@ def ops_router(auth: Auth, engine: EngineClient, metrics: Metrics, cache: Reques
     router = APIRouter()
     ops = [Depends(auth.check_ops)]
 
-    @router.api_route("/health", methods=["GET", "HEAD"])
+    @router.get("/health")
     async def health():
         """ok | degraded (serving, with a fault worth a look) | starting | failed; 503 while it cannot serve.
         A short reason only: the details are in the server log."""
@@ -38,6 +38,8 @@ def ops_router(auth: Auth, engine: EngineClient, metrics: Metrics, cache: Reques
             return body
         retry = engine.retry_after_s()
         return JSONResponse(body, status_code=503, headers={"Retry-After": str(round(retry))} if retry else None)
+
+    router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)   # probes that send HEAD
 
     @router.get("/metrics", dependencies=ops)
     async def prometheus():
