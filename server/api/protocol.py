@@ -144,9 +144,11 @@ def as_content(value):
     raise PydanticCustomError("invalid_value", "content must be a string or a list of text parts")
 
 
+# Published without null: only an assistant's message may have none (ChatMessage checks the role).
 Content = Annotated[str | list[TextPart] | None, BeforeValidator(as_content),
-                    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}},
-                                              {"type": "null"}]})]
+                    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {
+                        "type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                        "required": ["type", "text"], "additionalProperties": False}}]})]
 
 
 class ChatMessage(Strict):
