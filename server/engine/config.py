@@ -41,6 +41,7 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs for decode (they are captured only on CUDA with Triton)
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N
     num_threads: int | None = None  # torch threads in the engine process; none = torch's default
+    engine_nice: int = 10  # Linux nice of the engine process's threads (0-19): above the HTTP process's, so cache hits stay fast while steps run; 0 to compete at equal priority with other CPU-heavy work on the machine
     dummy_weights_seed: int = 0  # seed of the random weights of --load-format dummy
     speculative: str = "off"  # draft sources verified in one step: off | ngram (prompt lookup) | cache (answers of close cached questions) | ngram+cache
     num_speculative_tokens: int = 5  # most draft tokens per verify step (fewer while a request's drafts keep failing)
@@ -67,6 +68,8 @@ class EngineConfig:
             raise ValueError("num_speculative_tokens and speculative_max_step_tokens must be >= 1")
         if self.swap_space < 0:
             raise ValueError("swap_space must be >= 0 GiB")
+        if not 0 <= self.engine_nice <= 19:
+            raise ValueError(f"engine_nice must be in 0..19 (Linux nice), got {self.engine_nice}")
         parse_memory(self.kv_cache_memory)  # fail early on a malformed size
 
     def resolve_model_path(self) -> Path | None:

@@ -15,7 +15,6 @@ from strata.server.engine.input_processor import ModelInfo
 from strata.server.engine.llm_engine import LLMEngine, RequestOutput
 
 IDLE_WAIT_S = 0.5          # an idle engine process checks this often that the server still lives
-ENGINE_NICE = 10           # CPU short: the OS runs the HTTP process first (a cache hit needs far less CPU than a step)
 
 
 @dataclass(slots=True)
@@ -54,7 +53,7 @@ def engine_main(config: EngineConfig, commands, updates, num_threads: int) -> No
     except BaseException:
         updates.send(EngineUpdate([], {}, crash=traceback.format_exc()))
         raise SystemExit(1) from None
-    lower_priority(ENGINE_NICE)  # after loading: the server waits for that, so it runs at full priority
+    lower_priority(config.engine_nice)  # after loading: the server waits for that, so it runs at full priority
     updates.send(EngineUpdate([], engine.stats(), info=engine.info))
     while server.is_alive():
         refused: dict[str, str] = {}

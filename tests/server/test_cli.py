@@ -72,6 +72,8 @@ def test_invalid_values_are_clear_errors(served):
     assert result.exit_code == 2 and "--max-model-len" in result.output
     result, _ = serve(served, "--speculative-policy", "sometimes")
     assert result.exit_code == 2 and "speculative_policy must be one of cost, always" in result.output
+    result, _ = serve(served, "--engine-nice", "20")
+    assert result.exit_code == 2 and "engine_nice must be in 0..19" in result.output
 
 
 def test_config_file_fills_the_same_fields_and_flags_override_it(served, tmp_path):

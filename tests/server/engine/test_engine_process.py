@@ -4,6 +4,7 @@ loudly instead of hanging, and when it cannot start, `strata serve` says why."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import socket
@@ -17,8 +18,8 @@ import httpx
 import pytest
 from helpers.http_server import MODEL, ask, hash_semantic, start_server
 
+from strata.server.engine.config import EngineConfig
 from strata.server.engine.engine_client import EngineRequestFailed
-from strata.server.engine.engine_process import ENGINE_NICE
 from strata.server.engine.sampling_params import SamplingParams
 from strata.server.engine.sequence import Sequence
 
@@ -66,15 +67,19 @@ def thread_nices(pid: int) -> dict[int, int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads per-thread nice values from Linux /proc")
-def test_every_engine_thread_runs_below_the_http_process(tiny_chat_engine):
+@pytest.mark.parametrize("nice", [EngineConfig().engine_nice, 4])
+def test_every_engine_thread_runs_below_the_http_process(tiny_chat_engine, nice):
     """Linux nice is per thread: the engine's compute threads (started while loading) must be reniced too, or they
-    take the cores from the HTTP process's event loop at equal priority."""
-    with start_server(hash_semantic(), num_threads=2, engine=tiny_chat_engine) as server:
+    take the cores from the HTTP process's event loop at equal priority. --engine-nice sets how far below."""
+    engine = dataclasses.replace(tiny_chat_engine, engine_nice=nice)
+    with start_server(hash_semantic(), num_threads=2, engine=engine) as server:
         ask(server, "Name a colour.")                        # a step ran: the intra-op worker threads exist
         pid = server.app.state.completer.engine.process.pid
         nices = thread_nices(pid)
-        assert len(nices) >= 2 and min(nices.values()) >= ENGINE_NICE, nices
-        assert thread_nices(os.getpid())[threading.get_native_id()] == os.getpriority(os.PRIO_PROCESS, 0) < ENGINE_NICE
+        assert len(nices) >= 2 and min(nices.values()) >= nice, nices
+        if nice == 4:
+            assert max(nices.values()) < EngineConfig().engine_nice, nices
+        assert thread_nices(os.getpid())[threading.get_native_id()] == os.getpriority(os.PRIO_PROCESS, 0) < nice
 
 
 def test_a_request_that_fails_in_the_engine_fails_alone(tiny_chat_engine):
