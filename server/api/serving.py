@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -174,7 +174,7 @@ class Completer:
         weakref.finalize(answer.pieces, done)       # a response never read (client gone first) ends here
         return answer
 
-    def _admit(self):
+    def _admit(self) -> Callable[[], None]:
         """Count one admitted miss; the returned callable uncounts it, once however often it is called."""
         self.admitted += 1
         state = {"counted": True}
@@ -292,7 +292,7 @@ class Completer:
         return answer
 
     async def _generate(self, seq: Sequence, lookup: Lookup | None, tags: tuple[str, ...],
-                        answer: Answer, leader: Answer | None, done) -> AsyncIterator[str]:
+                        answer: Answer, leader: Answer | None, done: Callable[[], None]) -> AsyncIterator[str]:
         """Engine output as it comes; closing early aborts the sequence (blocks freed) and releases followers. `done`
         uncounts the admission when the output ends, however it ends."""
         text, echo = "", answer.echo
