@@ -58,7 +58,7 @@ class Policy:
     """Rules from a JSON file (shipped default: data/policy_rules.json: English and Chinese, and real-time words of
     French, Spanish, German, Portuguese and Italian; other scripts bypass).
 
-    temperature > 0, rule "seeded-exact" (default): exact layer only and only when a seed is given,
+    temperature >= GREEDY_BELOW, rule "seeded-exact" (default): exact layer only and only when a seed is given,
     otherwise bypass (an unseeded sample is meant to differ); "exact": exact layer only; "bypass": always bypass.
     """
 
@@ -102,8 +102,9 @@ class Policy:
         with letters of a script the rules do not read ("scripts": Cyrillic, Arabic, kana, ... for the shipped
         rules) is "unvetted-language": no rule could have told a real-time question in it."""
         text = _classified(text)
-        if self.scripts is not None and any(ch.isalpha() and not unicodedata.name(ch, "").startswith(self.scripts)
-                                            for ch in text):
+        if self.scripts is not None and not text.isascii() and any(
+                ch.isalpha() and not ch.isascii() and not unicodedata.name(ch, "").startswith(self.scripts)
+                for ch in text):
             return "unvetted-language"
         return next((name for name, rx in self.bypass_rules if rx.search(text)), None)
 
