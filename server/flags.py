@@ -117,13 +117,32 @@ def read_config_file(path: Path, roots: dict[str, type]) -> dict[str, dict]:
     """A TOML file of tables named after the roots (`[engine]`, `[server]`, `[server.cache]`); unknown keys fail."""
     try:
         data = tomllib.loads(Path(path).read_text("utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise typer.BadParameter(f"cannot read {path}: {exc}", param_hint="--config") from None
     unknown = set(data) - set(roots)
     if unknown:
         raise typer.BadParameter(f"{path}: unknown table(s) {sorted(unknown)}; this command reads "
                                  f"{sorted(roots)}", param_hint="--config")
+    not_tables = sorted(name for name, value in data.items() if not isinstance(value, dict))
+    if not_tables:
+        raise typer.BadParameter(f"{path}: {not_tables} must be tables ([{not_tables[0]}])", param_hint="--config")
     return data
+
+
+def _checked(value: Any, hint, where: str) -> Any:
+    """A file's value for a scalar field, of the field's type (an int where a float goes; a path as a string)."""
+    kind, optional = _scalar(hint)
+    if value is None and optional:
+        return value
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is Path and isinstance(value, str):
+        return Path(value)
+    if not ok:
+        raise typer.BadParameter(f"{where} must be {'a path' if kind is Path else kind.__name__}"
+                                 f"{' or none' if optional else ''}, got {value!r}")
+    return value
 
 
 def build(cls: type, values: dict, where: str) -> Any:
@@ -140,6 +159,8 @@ def build(cls: type, values: dict, where: str) -> Any:
             if not isinstance(value, dict):
                 raise typer.BadParameter(f"{where}.{name} must be a table")
             value = build(hint, value, f"{where}.{name}")
+        else:
+            value = _checked(value, hint, f"{where}.{name}")
         kwargs[name] = value
     try:
         return cls(**kwargs)
@@ -150,6 +171,8 @@ def build(cls: type, values: dict, where: str) -> Any:
 def _set(tree: dict, path: tuple[str, ...], value: Any) -> None:
     for name in path[:-1]:
         tree = tree.setdefault(name, {})
+        if not isinstance(tree, dict):          # the file gave a value where a table goes
+            raise typer.BadParameter(f"{name} must be a table in the config file, got {tree!r}")
     tree[path[-1]] = value
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,11 +111,21 @@ class ScoredPairs:
 
     @classmethod
     def load(cls, path: Path = CALIBRATION_PATH) -> ScoredPairs:
-        with np.load(path) as z:
-            cosine = {k.split(":", 1)[1]: z[k].astype(np.float64) for k in z.files if k.startswith("cosine:")}
-            adapter = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("adapter:")}
-            return cls(z["label"].astype(bool), z["lang"].astype(str), z["domain"].astype(str),
-                       z["score"].astype(np.float64), cosine, json.loads(str(z["__meta__"])), adapter or None)
+        """The pairs of a file `strata calibrate` wrote; ValueError naming the file for anything else."""
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                cosine = {k.split(":", 1)[1]: z[k].astype(np.float64) for k in z.files if k.startswith("cosine:")}
+                adapter = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("adapter:")}
+                data = cls(z["label"].astype(bool), z["lang"].astype(str), z["domain"].astype(str),
+                           z["score"].astype(np.float64), cosine, json.loads(str(z["__meta__"])), adapter or None)
+        except FileNotFoundError:
+            raise ValueError(f"calibration file not found: {path}") from None
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, AttributeError) as exc:
+            raise ValueError(f"{path} is not a calibration file written by `strata calibrate` ({exc})") from None
+        sizes = {len(data.label), len(data.lang), len(data.domain), len(data.score), *map(len, data.cosine.values())}
+        if len(sizes) != 1 or not isinstance(data.meta, dict):
+            raise ValueError(f"{path} is not a calibration file written by `strata calibrate` (inconsistent arrays)")
+        return data
 
 
 def certified(score: np.ndarray, label: np.ndarray, domain: np.ndarray, bound: float,

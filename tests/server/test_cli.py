@@ -90,6 +90,36 @@ def test_config_file_fills_the_same_fields_and_flags_override_it(served, tmp_pat
     assert result.exit_code == 2 and "kv_dtyp" in result.output
 
 
+@pytest.mark.parametrize("text, flags, says", [
+    ("[server]\nport = 8000.5\n", (), "[server].port must be int"),
+    ("[server]\nadmin_token = 12345\n", (), "[server].admin_token must be str"),
+    ("[engine]\nenforce_eager = 1\n", (), "[engine].enforce_eager must be bool"),
+    ("[server]\ncache = 5\n", ("--cache-db", "none"), "cache must be a table"),
+    ("server = 5\n", (), "must be tables"),
+])
+def test_config_file_values_of_the_wrong_type_are_clear_errors(served, tmp_path, text, flags, says):
+    path = tmp_path / "strata.toml"
+    path.write_text(text)
+    result, _ = serve(served, "--config", str(path), *flags)
+    assert result.exit_code == 2 and says in result.output and not served, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_config_file_that_is_not_utf8_is_a_clear_error(served, tmp_path):
+    path = tmp_path / "strata.toml"
+    path.write_bytes(b"\xff\xfe[engine]\n")
+    result, _ = serve(served, "--config", str(path))
+    assert result.exit_code == 2 and "cannot read" in result.output
+
+
+def test_config_file_floats_take_ints_and_paths_take_strings(served, tmp_path):
+    path = tmp_path / "strata.toml"
+    path.write_text("[engine]\nswap_space = 2\n")
+    result, (engine, _) = serve(served, "--config", str(path))
+    assert result.exit_code == 0, result.output
+    assert engine.swap_space == 2.0 and isinstance(engine.swap_space, float)
+
+
 def test_seeds_have_one_meaning_each():
     """--sampling-seed (generate), --workload-seed (benches), --dummy-weights-seed (EngineConfig, every command)."""
     texts = {name: runner.invoke(cli.app, [*name.split(), "--help"], env={"COLUMNS": "250"}).output

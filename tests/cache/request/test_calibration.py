@@ -141,3 +141,17 @@ def test_the_shipped_calibration_serves_less_under_a_smaller_bound_and_says_whic
             assert what["false"] <= bound * max(what["served"], 1)
         served.append(sum(what["served"] for what in report.values()))
     assert served == sorted(served, reverse=True) and served[0] > 0
+
+
+def test_a_file_that_is_not_a_calibration_file_is_a_clear_error(tmp_path):
+    from strata.cache.request.calibration import CALIBRATION_PATH
+
+    shipped = CALIBRATION_PATH.read_bytes()
+    (tmp_path / "truncated.npz").write_bytes(shipped[:len(shipped) // 2])
+    (tmp_path / "text.npz").write_text("hello")
+    np.savez(tmp_path / "other.npz", a=np.arange(3))
+    for name in ("truncated.npz", "text.npz", "other.npz"):
+        with pytest.raises(ValueError, match="not a calibration file written by `strata calibrate`"):
+            ScoredPairs.load(tmp_path / name)
+    with pytest.raises(ValueError, match="calibration file not found"):
+        ScoredPairs.load(tmp_path / "missing.npz")
