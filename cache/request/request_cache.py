@@ -641,6 +641,8 @@ class RequestCache:
                 key = build_key(req, self.config.casefold)
                 decision = self.policy.decide(req, key)
                 if "ttl_class" in row:
+                    if not isinstance(row["ttl_class"], str):
+                        raise ValueError("'ttl_class' must be a string")
                     decision.ttl_class, decision.ttl_s = row["ttl_class"], self.policy.ttl_of(row["ttl_class"])
                 tags = row.get("tags", [])
                 if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):

@@ -8,9 +8,12 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from strata.server.api.auth import DEFAULT_TENANT, Auth
-from strata.server.api.body import read_body
+from strata.server.api.body import MAX_DEPTH, check_values, parse_body, read_body
 from strata.server.api.errors import APIError
+from strata.server.api.protocol import openapi_body
 from strata.server.api.serving import Completer, cache_sampling
+
+MAX_QUESTION_CHARS = 4096   # similar_to is embedded window by window: a question, not a document
 
 
 class InvalidateRequest(BaseModel):
@@ -23,19 +26,24 @@ class InvalidateRequest(BaseModel):
     partition: str | None = None
     model: str | None = None
     tenant: str | None = None
-    similar_to: str | None = None
+    similar_to: str | None = Field(default=None, max_length=MAX_QUESTION_CHARS)
     min_similarity: float = Field(default=0.9, gt=0.0, le=1.0)
 
 
 def _jsonl_records(body: bytes) -> list[dict]:
-    """One JSON object per non-blank line; ValueError naming the line otherwise."""
+    """One JSON object per non-blank line; ValueError naming the line otherwise (APIError for text no request may
+    hold: lone surrogates, nesting past body.MAX_DEPTH)."""
     records = []
     for n, line in enumerate(body.decode("utf-8", errors="strict").splitlines(), 1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
+            except RecursionError:
+                raise ValueError(f"line {n}: JSON nested deeper than {MAX_DEPTH} levels") from None
             except ValueError as exc:
                 raise ValueError(f"line {n}: {exc}") from None
+            check_values(record, f"line {n}")
+            records.append(record)
     return records
 
 
@@ -47,15 +55,17 @@ def admin_router(auth: Auth, completer: Completer, max_body_bytes: int) -> APIRo
             raise APIError(400, "the request cache is off on this server (--no-request-cache)")
         return completer.cache
 
-    @router.post("/invalidate")
-    async def invalidate(body: InvalidateRequest):
-        """Embeds (similar_to) and deletes from the store: in a worker thread, never on the event loop."""
+    @router.post("/invalidate", openapi_extra=openapi_body(InvalidateRequest))
+    async def invalidate(request: Request):
+        """Embeds (similar_to) and deletes from the store: in a worker thread, never on the event loop. The body is
+        read after the token is checked, and within --max-body-bytes."""
+        body = await parse_body(request, InvalidateRequest, max_body_bytes)
         try:
             deleted = await asyncio.to_thread(
                 cache().invalidate, entry_id=body.id, tag=body.tag, partition=body.partition, model=body.model,
                 tenant=body.tenant, similar_to=body.similar_to, min_similarity=body.min_similarity)
         except ValueError as exc:
-            raise APIError(400, str(exc)) from None
+            raise APIError(400, str(exc), code="invalid_value") from None
         return {"deleted": deleted}
 
     @router.get("/stats")

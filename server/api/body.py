@@ -36,7 +36,7 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _check_values(value, where: str = "body", depth: int = 0) -> None:
+def check_values(value, where: str = "body", depth: int = 0) -> None:
     """Refuse what JSON allows but no request needs: nesting past MAX_DEPTH and lone UTF-16 surrogates, which
     cannot be encoded as UTF-8 and would fail later, deep inside tokenizing or storing."""
     if depth > MAX_DEPTH:
@@ -47,11 +47,11 @@ def _check_values(value, where: str = "body", depth: int = 0) -> None:
                            code="invalid_value")
     elif isinstance(value, dict):
         for key, item in value.items():
-            _check_values(key, where, depth + 1)
-            _check_values(item, f"{where}.{key}" if where != "body" else key, depth + 1)
+            check_values(key, where, depth + 1)
+            check_values(item, f"{where}.{key}" if where != "body" else key, depth + 1)
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            _check_values(item, f"{where}[{i}]", depth + 1)
+            check_values(item, f"{where}[{i}]", depth + 1)
 
 
 async def parse_body(request: Request, model: type[M], limit: int) -> M:
@@ -64,7 +64,7 @@ async def parse_body(request: Request, model: type[M], limit: int) -> M:
         raise APIError(400, f"malformed JSON body: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "the request body must be a JSON object", code="invalid_json")
-    _check_values(data)
+    check_values(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

@@ -179,6 +179,34 @@ def test_warmup_then_exact_hit(server):
     assert layer == "exact" and out.choices[0].message.content == "We are open 9 to 5."
 
 
+def test_admin_input_no_request_may_hold_is_a_400_and_no_store_fault(server):
+    """Lone surrogates, types the cache cannot key by, deep nesting and oversized bodies: a 400 / 413 naming the
+    problem, never a 500, and the store sees nothing (so /health stays ok)."""
+    before = admin(server, "/admin/cache/stats").json()["request_cache"]
+    checks = [
+        ("/admin/cache/invalidate", {"content": b'{"tag": "\\ud800"}'}, 400, "invalid_value"),
+        ("/admin/cache/invalidate", {"content": b'{"similar_to": "\\ud800"}'}, 400, "invalid_value"),
+        ("/admin/cache/invalidate", {"json": {"similar_to": "x" * 5000}}, 400, "invalid_value"),
+        ("/admin/cache/invalidate", {"content": b'{"tag": '}, 400, "invalid_json"),
+        ("/admin/cache/invalidate", {"json": {"tag": "y" * (2 << 20)}}, 413, "request_too_large"),
+        ("/admin/cache/warmup", {"content": b'{"question": "q", "answer": "bad \\ud800"}\n'}, 400, "invalid_value"),
+        ("/admin/cache/warmup", {"content": b'{"question": "q", "answer": "a", "ttl_class": ["a"]}\n'}, 400, None),
+        ("/admin/cache/warmup", {"content": b'{"question": "q", "answer": "a", "tags": ' + b"[" * 3000 + b"\n"},
+         400, None),
+    ]
+    for path, body, status, code in checks:
+        res = admin(server, path, **body)
+        assert res.status_code == status, (path, body, res.text[:300])
+        if code:
+            assert res.json()["error"]["code"] == code, res.text[:300]
+    after = admin(server, "/admin/cache/stats").json()["request_cache"]
+    assert after["write_queue"]["errors"] == before["write_queue"]["errors"]
+    with server.http(None) as http:
+        assert http.get("/health").json()["status"] == "ok"
+        big = http.post("/admin/cache/invalidate", content=b"{" + b" " * (8 << 20) + b"}")
+        assert big.status_code == 401            # the token is checked before the body is read
+
+
 def test_admin_stats_models_health(server):
     stats = admin(server, "/admin/cache/stats").json()
     assert stats["request_cache"]["counters"]["exact"]["hit"] >= 1 and "kv_blocks_used" in stats["engine"]
