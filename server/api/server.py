@@ -25,7 +25,9 @@ log = logging.getLogger("strata.server")
 
 
 def build_cache(config: RequestCacheConfig) -> RequestCache:
-    """The request cache a config describes; a semantic layer that cannot load degrades to exact-only, loudly."""
+    """The request cache a config describes; a semantic layer that cannot load degrades to exact-only, loudly, unless
+    the operator named a calibration file: then ValueError, as serving without the file they chose is not what they
+    asked for."""
     semantic = None
     if config.semantic:
         from strata.cache.request.semantic import SemanticCache
@@ -33,6 +35,8 @@ def build_cache(config: RequestCacheConfig) -> RequestCache:
         try:
             semantic = SemanticCache.from_config(config)
         except (OSError, KeyError, ValueError) as exc:
+            if config.semantic_calibration:
+                raise ValueError(f"--semantic-calibration {config.semantic_calibration}: {exc}") from None
             log.warning("semantic cache off (%s: %s); serving with the exact layer only", type(exc).__name__, exc)
     if config.db and not config.redis:
         Path(config.db).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,19 @@
+"""The request cache `strata serve` builds: a calibration file the operator named must load, or the server does not
+start; without one, a semantic layer that cannot load degrades to exact-only."""
+import numpy as np
+import pytest
+
+from strata.cache.request.config import RequestCacheConfig
+from strata.server.api.server import build_cache
+
+
+@pytest.mark.parametrize("name", ["missing.npz", "other.npz"])
+def test_a_named_calibration_file_that_does_not_load_stops_the_start(tmp_path, name):
+    np.savez(tmp_path / "other.npz", a=np.arange(3))
+    with pytest.raises(ValueError, match=f"--semantic-calibration {tmp_path / name}"):
+        build_cache(RequestCacheConfig(db=None, semantic_calibration=str(tmp_path / name)))
+
+
+def test_without_a_named_file_a_semantic_layer_that_cannot_load_degrades(caplog):
+    cache = build_cache(RequestCacheConfig(db=None, embedder="no-such-embedder"))
+    assert cache.semantic is None and "semantic cache off" in caplog.text
