@@ -97,6 +97,10 @@ def calibrate(
     from strata.server.tuning.pairs import shared_split as load_split
 
     try:
+        if not 0 < max_error < 1:                  # before hours of scoring, not after
+            raise ValueError(f"--max-error must be in (0, 1), got {max_error}")
+        if out.is_dir():
+            raise ValueError(f"--out {out} is a directory: name the calibration file to write")
         if shared_split is not None:
             if shared_split not in ("train", "calib", "val") or pairs:
                 raise ValueError("--shared-split takes train, calib or val, and no --pairs")

@@ -105,9 +105,10 @@ class ScoredPairs:
     def save(self, path: Path) -> None:
         arrays = {f"cosine:{name}": v.astype(np.float32) for name, v in self.cosine.items()}
         arrays |= {f"adapter:{k}": v for k, v in (self.adapter or {}).items()}
-        np.savez_compressed(path, label=self.label.astype(bool), lang=self.lang.astype("U2"),
-                            domain=self.domain.astype("U32"), score=self.score.astype(np.float32),
-                            __meta__=np.array(json.dumps(self.meta)), **arrays)
+        with open(path, "wb") as f:            # exactly this path (np.savez would add ".npz" to a bare name)
+            np.savez_compressed(f, label=self.label.astype(bool), lang=self.lang.astype("U2"),
+                                domain=self.domain.astype("U32"), score=self.score.astype(np.float32),
+                                __meta__=np.array(json.dumps(self.meta)), **arrays)
 
     @classmethod
     def load(cls, path: Path = CALIBRATION_PATH) -> ScoredPairs:

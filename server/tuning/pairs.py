@@ -53,14 +53,23 @@ def load_pairs(path: Path | str) -> list[Pair]:
         missing = [i for i, r in enumerate(rows) if not isinstance(r, dict) or not {"cached", "query", "same"} <= r.keys()]
         if missing:
             raise ValueError(f"{path}: line {missing[0] + 1} lacks one of cached/query/same")
-        raw = [(r["cached"], r["query"], bool(r["same"])) for r in rows]
+        wrong = next((i for i, r in enumerate(rows) if not isinstance(r["same"], bool)), None)
+        if wrong is not None:
+            raise ValueError(f"{path}: line {wrong + 1}: 'same' must be true or false, got {rows[wrong]['same']!r}")
+        raw = [(r["cached"], r["query"], r["same"]) for r in rows]
     elif suffix in (".csv", ".tsv"):
         with path.open(encoding="utf-8", newline="") as f:
             # no quoting in TSV: its sentences hold stray quote characters that must not open a field
             reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if suffix == ".tsv" else csv.DictReader(f)
-            rows = list(reader)
+            try:
+                rows = list(reader)
+            except csv.Error as exc:
+                raise ValueError(f"{path}: line {reader.line_num + 1}: {exc}") from None  # the line it failed on
         if not rows or not {"sentence1", "sentence2", "label"} <= rows[0].keys():
             raise ValueError(f"{path}: expected columns sentence1, sentence2, label")
+        wrong = next((i for i, r in enumerate(rows) if (r["label"] or "").strip() not in ("0", "1")), None)
+        if wrong is not None:
+            raise ValueError(f"{path}: row {wrong + 1}: label must be 0 or 1, got {rows[wrong]['label']!r}")
         raw = [(r["sentence1"], r["sentence2"], r["label"].strip() == "1") for r in rows]
     elif suffix == ".json":
         rows = json.loads(path.read_text(encoding="utf-8"))

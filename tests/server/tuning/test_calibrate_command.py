@@ -64,6 +64,39 @@ def test_bad_input_is_a_clear_error(tmp_path):
     assert result.exit_code == 2 and "lacks" in result.output
 
 
+@pytest.mark.parametrize("name, text, says", [
+    ("strings.jsonl", '{"cached": "a", "query": "b", "same": "false"}\n', "'same' must be true or false"),
+    ("labels.csv", "sentence1,sentence2,label\na,b,yes\n", "label must be 0 or 1"),
+    ("empty_label.tsv", "sentence1\tsentence2\tlabel\na\tb\t\n", "label must be 0 or 1"),
+    ("huge.csv", "sentence1,sentence2,label\n" + "x" * 200_000 + ",b,1\n", "line 2"),
+])
+def test_labels_that_are_not_labels_and_unreadable_rows_are_clear_errors(tmp_path, name, text, says):
+    path = tmp_path / name
+    path.write_text(text)
+    out = tmp_path / "x.npz"
+    result = runner.invoke(cli.app, ["calibrate", "--pairs", str(path), "--out", str(out)])
+    assert result.exit_code == 2 and says in result.output and not out.exists(), result.output
+
+
+@pytest.mark.parametrize("args, says", [(["--max-error", "0"], "--max-error must be in (0, 1)"),
+                                        (["--max-error", "nan"], "--max-error must be in (0, 1)")])
+def test_a_bad_bound_is_refused_before_any_scoring(tmp_path, pairs_file, args, says):
+    out = tmp_path / "x.npz"
+    result = runner.invoke(cli.app, ["calibrate", "--pairs", str(pairs_file), "--out", str(out), *args])
+    assert result.exit_code == 2 and says in result.output and not out.exists()
+    result = runner.invoke(cli.app, ["calibrate", "--pairs", str(pairs_file), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "is a directory" in result.output
+
+
+def test_the_file_is_written_where_the_report_says(tmp_path, pairs_file):
+    out = tmp_path / "calibration_without_suffix"
+    result = runner.invoke(cli.app, ["calibrate", "--pairs", str(pairs_file), "--out", str(out),
+                                     "--no-second-stage"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output[result.output.index("{"):])["written"] == str(out) and out.is_file()
+    assert len(ScoredPairs.load(out).label) == 40
+
+
 @pytest.mark.slow
 def test_fit_second_stage_bundles_the_adapted_model(tmp_path, pairs_file):
     out = tmp_path / "fitted.npz"
