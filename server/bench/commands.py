@@ -35,13 +35,13 @@ def _fail(message: str):
 @config_command(engine=EngineConfig)
 def bench_throughput(
     engine: EngineConfig,
-    num_requests: int = typer.Option(64),
-    min_prompt: int = typer.Option(16),
-    max_prompt: int = typer.Option(512),
-    min_output: int = typer.Option(16),
-    max_output: int = typer.Option(256),
-    hf_batch_size: int = typer.Option(8, help="Static batch size of the HF generate baseline."),
-    batch1_tokens: int = typer.Option(64, help="Tokens decoded in the batch-1 comparison."),
+    num_requests: int = typer.Option(64, min=1),
+    min_prompt: int = typer.Option(16, min=1),
+    max_prompt: int = typer.Option(512, min=1),
+    min_output: int = typer.Option(16, min=1),
+    max_output: int = typer.Option(256, min=1),
+    hf_batch_size: int = typer.Option(8, min=1, help="Static batch size of the HF generate baseline."),
+    batch1_tokens: int = typer.Option(64, min=1, help="Tokens decoded in the batch-1 comparison."),
     skip_hf: bool = typer.Option(False, help="Only run our engine."),
     workload_seed: int = typer.Option(0, help="Seed of the random prompts and output lengths."),
     as_json: bool = typer.Option(False, "--json"),
@@ -50,6 +50,8 @@ def bench_throughput(
     """One workload through our engine and through HF generate (static batches), same model and dtype."""
     from strata.server.bench.throughput import run_throughput
 
+    if min_prompt > max_prompt or min_output > max_output:
+        _fail("--min-prompt / --min-output must not exceed --max-prompt / --max-output")
     result = run_throughput(engine, num_requests=num_requests, prompt_range=(min_prompt, max_prompt),
                             output_range=(min_output, max_output), hf_batch_size=hf_batch_size,
                             batch1_tokens=batch1_tokens, skip_hf=skip_hf, workload_seed=workload_seed)
@@ -67,12 +69,12 @@ def _small_pool(engine: EngineConfig, size: str) -> EngineConfig:
 @config_command(engine=EngineConfig)
 def bench_kv(
     engine: EngineConfig,
-    num_requests: int = typer.Option(24),
-    system_tokens: int = typer.Option(128, help="Tokens of the system prompt every request shares."),
-    min_prompt: int = typer.Option(16, help="Fewest tokens of a request's own prompt."),
-    max_prompt: int = typer.Option(48),
-    output_tokens: int = typer.Option(32),
-    ppl_tokens: int = typer.Option(512, help="Tokens of the public-domain text scored per (block_size, kv_dtype)."),
+    num_requests: int = typer.Option(24, min=1),
+    system_tokens: int = typer.Option(128, min=0, help="Tokens of the system prompt every request shares."),
+    min_prompt: int = typer.Option(16, min=1, help="Fewest tokens of a request's own prompt."),
+    max_prompt: int = typer.Option(48, min=1),
+    output_tokens: int = typer.Option(32, min=1),
+    ppl_tokens: int = typer.Option(512, min=2, help="Tokens of the public-domain text scored per (block_size, kv_dtype)."),
     workload_seed: int = typer.Option(0, help="Seed of the random prompts."),
     as_json: bool = typer.Option(False, "--json"),
     plot: Path | None = typer.Option(None, help="Write a PNG of tok/s and KV capacity per setting here."),
@@ -98,8 +100,8 @@ def bench_kv(
 @config_command(engine=EngineConfig)
 def bench_prefix(
     engine: EngineConfig,
-    num_requests: int = typer.Option(16),
-    system_tokens: int = typer.Option(1024, help="Tokens of the system prompt every request shares."),
+    num_requests: int = typer.Option(16, min=1),
+    system_tokens: int = typer.Option(1024, min=1, help="Tokens of the system prompt every request shares."),
     workload_seed: int = typer.Option(0, help="Seed of the random prompts."),
     as_json: bool = typer.Option(False, "--json"),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
@@ -116,7 +118,7 @@ def bench_prefix(
 @config_command(engine=EngineConfig)
 def bench_int8_accuracy(
     engine: EngineConfig,
-    max_tokens: int = typer.Option(64, help="Greedy tokens per prompt."),
+    max_tokens: int = typer.Option(64, min=1, help="Greedy tokens per prompt."),
     as_json: bool = typer.Option(False, "--json"),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
 ) -> None:
@@ -131,9 +133,9 @@ def bench_int8_accuracy(
 def bench_spec(
     engine: EngineConfig,
     batch_sizes: str = typer.Option("1,4,16", help="Comma-separated batch sizes."),
-    max_tokens: int = typer.Option(96, help="Greedy tokens per request."),
-    num_prompts: int = typer.Option(4, help="Distinct prompts per workload (a batch repeats them)."),
-    repeats: int = typer.Option(2, help="Runs per side; each side keeps its fastest."),
+    max_tokens: int = typer.Option(96, min=1, help="Greedy tokens per request."),
+    num_prompts: int = typer.Option(4, min=1, help="Distinct prompts per workload (a batch repeats them)."),
+    repeats: int = typer.Option(2, min=1, help="Runs per side; each side keeps its fastest."),
     workloads: str = typer.Option("", help="Comma-separated workloads to run (default: all)."),
     as_json: bool = typer.Option(False, "--json"),
     plot: Path | None = typer.Option(None, help="Write a PNG of the speedups here."),
@@ -142,13 +144,19 @@ def bench_spec(
     """Decode tok/s and inter-token latency with and without speculative drafts (n-gram prompt lookup, cached
     answers), batch 1, 4 and 16; acceptance per source; share of outputs identical to the run without drafts."""
     from strata.server.bench.spec import plot_spec, run_spec_bench
+    from strata.server.bench.spec import workloads as known_workloads
 
     try:
         sizes = tuple(int(b) for b in batch_sizes.split(","))
     except ValueError:
-        _fail(f"--batch-sizes takes integers separated by commas, got {batch_sizes!r}")
-    result = run_spec_bench(_small_pool(engine, "1GiB"), sizes, max_tokens, num_prompts, repeats,
-                            tuple(w for w in workloads.split(",") if w) or None)
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        _fail(f"--batch-sizes takes positive integers separated by commas, got {batch_sizes!r}")
+    names = tuple(w for w in workloads.split(",") if w)
+    unknown = set(names) - set(known_workloads(1))
+    if unknown:
+        _fail(f"unknown workload(s) {sorted(unknown)}; known: {', '.join(known_workloads(1))}")
+    result = run_spec_bench(_small_pool(engine, "1GiB"), sizes, max_tokens, num_prompts, repeats, names or None)
     if plot:
         plot_spec(result, plot)
     _emit(result, as_json, out)
@@ -158,7 +166,7 @@ def bench_spec(
 @config_command(engine=EngineConfig)
 def bench_weight_accuracy(
     engine: EngineConfig,
-    max_tokens: int = typer.Option(64, help="Greedy tokens per prompt."),
+    max_tokens: int = typer.Option(64, min=1, help="Greedy tokens per prompt."),
     as_json: bool = typer.Option(False, "--json"),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
 ) -> None:
@@ -189,6 +197,8 @@ def bench_cache_quality(
     from strata.server.bench.cache_quality import run_cache_quality
 
     try:
+        if split not in (None, "train", "calib", "val"):
+            raise ValueError(f"--split takes train, calib or val, got {split!r}")
         result = run_cache_quality(pairs, bypass, cache, split, datasets, full_cache)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         _fail(str(exc))

@@ -134,3 +134,18 @@ def test_cache_quality_bench_takes_the_serve_flags_for_the_cache():
     text = runner.invoke(cli.app, ["bench", "cache-quality", "--help"], env={"COLUMNS": "250"}).output
     assert "--cache-embedder" in text and "--cache-second-stage" in text and "--cache-semantic-top-k" in text
     assert "--verifier" not in text
+
+
+@pytest.mark.parametrize("args, says", [
+    (["throughput", "--num-requests", "0"], "--num-requests"),
+    (["throughput", "--min-prompt", "10", "--max-prompt", "4"], "must not exceed"),
+    (["kv", "--num-requests", "0"], "--num-requests"),
+    (["prefix", "--system-tokens", "-5"], "--system-tokens"),
+    (["int8-accuracy", "--max-tokens", "0"], "--max-tokens"),
+    (["spec", "--batch-sizes", "0"], "positive integers"),
+    (["spec", "--workloads", "bogus"], "unknown workload"),
+    (["cache-quality", "--split", "bogus", "--pairs", "x.csv"], "--split takes train, calib or val"),
+])
+def test_bench_sizes_that_cannot_run_are_refused_before_any_work(args, says):
+    result = runner.invoke(cli.app, ["bench", *args])
+    assert result.exit_code == 2 and says in result.output, result.output
