@@ -58,8 +58,8 @@ def cpu_isa() -> list[str]:
 def machine_note(load_at_start: tuple[float, float, float]) -> str:
     """The host and how busy it was: the numbers depend on what else shared the CPUs."""
     start, end = (", ".join(f"{x:.2f}" for x in load) for load in (load_at_start, os.getloadavg()))
-    return (f"{os.cpu_count()}-core {cpu_name()}, no GPU, shared with other engineers' jobs; load average "
-            f"(1, 5, 15 min) at start {start}, at end {end}")
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{os.cpu_count()}-core {cpu_name()}, {gpu}; load average (1, 5, 15 min) at start {start}, at end {end}"
 
 
 def drive(engine: LLMEngine, requests: list[tuple[list[int], int]]) -> tuple[list[RequestOutput], int, float]:
