@@ -171,7 +171,9 @@ def fit_tiers(data: ScoredPairs, embedder: str, second_stage: bool, max_error: f
             mine &= np.isfinite(data.score)
         positives = cosine[mine & data.label]
         if not mine.any() or not (mine & ~data.label).any() or not len(positives):
-            tiers[lang], report[lang] = Tiers(OFF, OFF), {"pairs": int(mine.sum()), "reason": "no labelled pairs"}
+            reason = "no labelled pairs" if not (data.lang == lang).any() else \
+                "needs both same-intent and different-intent pairs (a set of one kind says nothing about false hits)"
+            tiers[lang], report[lang] = Tiers(OFF, OFF), {"pairs": int(mine.sum()), "reason": reason}
             continue
         floor = float(np.quantile(positives, floor_quantile)) if second_stage else -1.0
         score = np.where(cosine >= floor, decision_score(data.score, cosine) if second_stage else cosine,

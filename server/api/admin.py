@@ -77,8 +77,9 @@ def admin_router(auth: Auth, completer: Completer, max_body_bytes: int) -> APIRo
         return {"data": cache().review(limit)}
 
     @router.post("/warmup")
-    async def warmup(request: Request, tenant: str = DEFAULT_TENANT, temperature: float = 0.0,
-                     max_tokens: int | None = None):
+    async def warmup(request: Request, tenant: str = DEFAULT_TENANT,
+                     temperature: float = Query(0.0, ge=0.0, allow_inf_nan=False),
+                     max_tokens: int | None = Query(None, ge=1)):
         """Body: JSONL lines {"question", "answer", "tags"?, "ttl_class"?}, keyed like a chat request with these
         sampling settings (a request with other max_tokens or temperature lives in another partition)."""
         body = await read_body(request, max_body_bytes * 16)

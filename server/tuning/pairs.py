@@ -22,6 +22,7 @@ SHARED_FILES = (
     "zh_lcqmc_dev.tsv", "zh_bq_dev.tsv", "zh_afqmc_train.tsv", "zh_pawsx_dev.tsv", "zh_faq_pairs.jsonl",
     "en_mrpc_train.tsv", "en_hard_pairs.csv", "en_paraphrases_gptcache.json",
 )
+MAX_PAIR_CHARS = 20_000     # both texts of a pair together (the shared sets' longest is 1,906)
 SPLITS = (("train", 0.6), ("calib", 0.8), ("val", 1.0))      # cumulative upper bounds of the component hash
 
 
@@ -78,6 +79,10 @@ def load_pairs(path: Path | str) -> list[Pair]:
         raw = [(r["origin"], r["similar"], True) for r in rows]
     else:
         raise ValueError(f"{path}: unknown pairs format {suffix!r} (use .jsonl, .csv, .tsv or .json)")
+    long = next((i for i, (a, b, _) in enumerate(raw) if len(str(a)) + len(str(b)) > MAX_PAIR_CHARS), None)
+    if long is not None:
+        raise ValueError(f"{path}: pair {long + 1} is longer than {MAX_PAIR_CHARS} characters: questions, not "
+                         "documents (each is embedded and read by the cross-encoder)")
     domain = domain_of(path)
     pairs = [Pair(a.strip(), b.strip(), same, language_of(b), domain) for a, b, same in raw
              if isinstance(a, str) and isinstance(b, str) and a.strip() and b.strip()]

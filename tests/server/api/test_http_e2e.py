@@ -191,6 +191,8 @@ def test_admin_input_no_request_may_hold_is_a_400_and_no_store_fault(server):
         ("/admin/cache/invalidate", {"json": {"tag": "y" * (2 << 20)}}, 413, "request_too_large"),
         ("/admin/cache/warmup", {"content": b'{"question": "q", "answer": "bad \\ud800"}\n'}, 400, "invalid_value"),
         ("/admin/cache/warmup", {"content": b'{"question": "q", "answer": "a", "ttl_class": ["a"]}\n'}, 400, None),
+        ("/admin/cache/warmup?max_tokens=0", {"content": b'{"question": "q", "answer": "a"}\n'}, 400, None),
+        ("/admin/cache/warmup?temperature=nan", {"content": b'{"question": "q", "answer": "a"}\n'}, 400, None),
         ("/admin/cache/warmup", {"content": b'{"question": "q", "answer": "a", "tags": ' + b"[" * 3000 + b"\n"},
          400, None),
     ]

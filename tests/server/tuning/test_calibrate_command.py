@@ -69,6 +69,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
     ("labels.csv", "sentence1,sentence2,label\na,b,yes\n", "label must be 0 or 1"),
     ("empty_label.tsv", "sentence1\tsentence2\tlabel\na\tb\t\n", "label must be 0 or 1"),
     ("huge.csv", "sentence1,sentence2,label\n" + "x" * 200_000 + ",b,1\n", "line 2"),
+    ("long.jsonl", json.dumps({"cached": "x" * 30_000, "query": "b", "same": True}) + "\n", "pair 1 is longer"),
 ])
 def test_labels_that_are_not_labels_and_unreadable_rows_are_clear_errors(tmp_path, name, text, says):
     path = tmp_path / name
@@ -108,3 +109,11 @@ def test_fit_second_stage_bundles_the_adapted_model(tmp_path, pairs_file):
     assert len(scored.label) < 40                     # calibrated on the held-out part only
     cache = SemanticCache.create("e5-small", calibration=out)
     assert cache.scorer.version == scored.meta["second_stage"]
+
+
+def test_pairs_of_one_kind_say_what_is_missing(tmp_path):
+    path = tmp_path / "positives.jsonl"
+    path.write_text("\n".join(json.dumps({"cached": a, "query": b, "same": True}) for a, b in PARAPHRASES) + "\n")
+    result = runner.invoke(cli.app, ["calibrate", "--pairs", str(path), "--out", str(tmp_path / "x.npz"),
+                                     "--no-second-stage"])
+    assert result.exit_code == 0 and "needs both same-intent and different-intent pairs" in result.output
