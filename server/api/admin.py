@@ -92,7 +92,7 @@ def admin_router(auth: Auth, completer: Completer, max_body_bytes: int) -> APIRo
         try:
             written = await asyncio.to_thread(parse_and_write)
         except ValueError as exc:
-            raise APIError(400, f"warm-up body: {exc}") from None
+            raise APIError(400, f"warm-up body: {exc}", code="invalid_value") from None
         return {"written": written}
 
     return router
