@@ -134,15 +134,14 @@ def _checked(value: Any, hint, where: str) -> Any:
     kind, optional = _scalar(hint)
     if value is None and optional:
         return value
-    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is Path and isinstance(value, str):
         return Path(value)
-    if not ok:
-        raise typer.BadParameter(f"{where} must be {'a path' if kind is Path else kind.__name__}"
-                                 f"{' or none' if optional else ''}, got {value!r}")
-    return value
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise typer.BadParameter(f"{where} must be {'a path' if kind is Path else kind.__name__}"
+                             f"{' or none' if optional else ''}, got {value!r}")
 
 
 def build(cls: type, values: dict, where: str) -> Any:

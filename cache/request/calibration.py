@@ -121,7 +121,7 @@ class ScoredPairs:
                            z["score"].astype(np.float64), cosine, json.loads(str(z["__meta__"])), adapter or None)
         except FileNotFoundError:
             raise ValueError(f"calibration file not found: {path}") from None
-        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, AttributeError) as exc:
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             raise ValueError(f"{path} is not a calibration file written by `strata calibrate` ({exc})") from None
         sizes = {len(data.label), len(data.lang), len(data.domain), len(data.score), *map(len, data.cosine.values())}
         if len(sizes) != 1 or not isinstance(data.meta, dict):
