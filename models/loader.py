@@ -1,5 +1,6 @@
 """Build a model from a local Hugging Face folder (safetensors) or as random weights of a named shape."""
 
+import logging
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ from strata.models.named_shapes import hf_config_for
 from strata.models.packed_linear import can_pack, pack_linears
 
 LOAD_FORMATS = ("auto", "dummy")
+log = logging.getLogger(__name__)
 
 
 def read_config(path: Path) -> ModelConfig:
@@ -47,6 +49,9 @@ def load_model(
         cfg = ModelConfig.from_hf(hf_config_for(model_config), name=model_config)
     else:
         cfg = read_config(path)
+    if max_model_len and max_model_len > cfg.max_position_embeddings:
+        log.warning("max_model_len %d is past the %d positions %s was trained for: serving %d", max_model_len,
+                    cfg.max_position_embeddings, cfg.name, cfg.max_position_embeddings)
     max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
     with torch.device(device):
         model = LlamaForCausalLM(cfg, max_model_len).to(dtype)

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import torch
 
+from strata.cache.kv.storage import KV_DTYPES
 from strata.kernels import fastest_cpu_weights
+from strata.kernels.backend import BACKENDS
 from strata.models.default_model import ensure_default_model
+from strata.models.loader import LOAD_FORMATS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PREEMPTION_MODES = ("swap", "recompute")
@@ -51,6 +54,15 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"unknown dtype {self.dtype!r}; choose auto, {', '.join(DTYPES)}")
+        if self.kv_dtype != "auto" and self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; choose auto, {', '.join(KV_DTYPES)}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"unknown load_format {self.load_format!r}; choose one of {', '.join(LOAD_FORMATS)}")
+        if self.attention_backend not in BACKENDS:
+            raise ValueError(f"unknown attention_backend {self.attention_backend!r}; "
+                             f"choose one of {', '.join(BACKENDS)}")
+        if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
+            raise ValueError(f"unknown device {self.device!r}; choose auto, cpu, cuda or cuda:N")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {self.quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
         if self.block_size not in (8, 16, 32, 64, 128):
@@ -66,8 +78,12 @@ class EngineConfig:
                              f"got {self.speculative_policy!r}")
         if self.num_speculative_tokens < 1 or self.speculative_max_step_tokens < 1:
             raise ValueError("num_speculative_tokens and speculative_max_step_tokens must be >= 1")
-        if self.swap_space < 0:
-            raise ValueError("swap_space must be >= 0 GiB")
+        if not 0 <= self.swap_space < float("inf"):
+            raise ValueError(f"swap_space must be a finite number of GiB >= 0, got {self.swap_space}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1 token, got {self.max_model_len}")
+        if self.num_threads is not None and self.num_threads < 0:
+            raise ValueError(f"num_threads must be >= 1 (0 or none: torch's default), got {self.num_threads}")
         if not 0 <= self.engine_nice <= 19:
             raise ValueError(f"engine_nice must be in 0..19 (Linux nice), got {self.engine_nice}")
         parse_memory(self.kv_cache_memory)  # fail early on a malformed size

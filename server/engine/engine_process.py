@@ -50,6 +50,9 @@ def engine_main(config: EngineConfig, commands, updates, num_threads: int) -> No
     server = mp.parent_process()
     try:
         engine = LLMEngine(config)
+    except (ValueError, OSError) as exc:   # a setting or a file refused with its own message: no traceback to read
+        updates.send(EngineUpdate([], {}, crash=f"{type(exc).__name__}: {exc}"))
+        raise SystemExit(1) from None
     except BaseException:
         updates.send(EngineUpdate([], {}, crash=traceback.format_exc()))
         raise SystemExit(1) from None

@@ -76,6 +76,22 @@ def test_invalid_values_are_clear_errors(served):
     assert result.exit_code == 2 and "engine_nice must be in 0..19" in result.output
 
 
+@pytest.mark.parametrize("flag, value, says", [
+    ("--kv-dtype", "int4", "unknown kv_dtype 'int4'"),
+    ("--load-format", "pt", "unknown load_format 'pt'"),
+    ("--attention-backend", "flash", "unknown attention_backend 'flash'"),
+    ("--device", "gpu", "unknown device 'gpu'"),
+    ("--swap-space", "nan", "swap_space must be a finite number"),
+    ("--max-model-len", "-5", "max_model_len must be >= 1"),
+    ("--num-threads", "-1", "num_threads must be >= 1"),
+])
+def test_engine_settings_are_checked_before_the_engine_starts(served, flag, value, says):
+    """Refused at the command line with the setting's name, not by a traceback from the engine process."""
+    result, _ = serve(served, flag, value)
+    assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+    assert not served
+
+
 def test_config_file_fills_the_same_fields_and_flags_override_it(served, tmp_path):
     path = tmp_path / "strata.toml"
     path.write_text('[engine]\nkv_dtype = "int8"\nblock_size = 32\n'

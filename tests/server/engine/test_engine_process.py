@@ -176,6 +176,7 @@ def test_an_engine_that_cannot_start_is_a_clear_error_from_strata_serve(tmp_path
     assert server.returncode == 2 and time.monotonic() - started < 120
     last = server.stderr.strip().splitlines()[-1]
     assert last.startswith("error: the engine did not start: FileNotFoundError:") and "does not exist" in last, last
+    assert "Traceback" not in server.stderr     # a refused setting or file says what, not where in our code
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
