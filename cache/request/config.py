@@ -65,9 +65,18 @@ class RequestCacheConfig:
             raise ValueError(f"ttl_jitter must be in [0, 1), got {self.ttl_jitter}")
         if self.temperature_rule not in TEMPERATURE_RULES:
             raise ValueError(f"temperature_rule must be one of {TEMPERATURE_RULES}, got {self.temperature_rule!r}")
-        if self.redis_timeout_s <= 0 or self.redis_queue_size < 1 or self.redis_stream_len < 1 or self.lease_s <= 0 \
-                or self.lease_wait_s < 0:
-            raise ValueError("redis_timeout_s, lease_s > 0, redis_queue_size, redis_stream_len >= 1, lease_wait_s >= 0")
+        if self.redis_queue_size < 1 or self.redis_stream_len < 1:
+            raise ValueError("redis_queue_size and redis_stream_len must be >= 1")
+        for name in ("redis_timeout_s", "lease_s", "follow_timeout_s", "miss_window_s"):   # written as ranges: NaN fails
+            if not 0.0 < getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {getattr(self, name)}")
+        for name in ("lease_wait_s", "negative_ttl_s"):
+            if not 0.0 <= getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.default_temperature <= 2.0:
+            raise ValueError(f"default_temperature must be in [0, 2] as a request's, got {self.default_temperature}")
+        if self.review_size < 0 or not -1.0 <= self.review_below <= 1.0:
+            raise ValueError("review_size must be >= 0 and review_below a similarity in [-1, 1]")
         if self.write_queue_size < 1:
             raise ValueError("write_queue_size must be >= 1")
         if self.miss_limit < 1:

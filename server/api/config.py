@@ -38,5 +38,5 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.max_queue < 1 or self.max_body_bytes < 1 or self.default_max_tokens < 1:
             raise ValueError("max_queue, max_body_bytes and default_max_tokens must be >= 1")
-        if self.engine_restarts < 0 or self.engine_restart_window_s <= 0:
-            raise ValueError("engine_restarts must be >= 0 and engine_restart_window_s > 0")
+        if self.engine_restarts < 0 or not 0.0 < self.engine_restart_window_s < float("inf"):
+            raise ValueError("engine_restarts must be >= 0 and engine_restart_window_s finite and > 0")

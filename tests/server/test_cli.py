@@ -84,11 +84,17 @@ def test_invalid_values_are_clear_errors(served):
     ("--swap-space", "nan", "swap_space must be a finite number"),
     ("--max-model-len", "-5", "max_model_len must be >= 1"),
     ("--num-threads", "-1", "num_threads must be >= 1"),
+    ("--engine-restart-window-s", "nan", "engine_restart_window_s finite and > 0"),
+    ("--cache-follow-timeout-s", "-1", "follow_timeout_s must be a finite number of seconds > 0"),
+    ("--cache-redis-timeout-s", "nan", "redis_timeout_s must be a finite number of seconds > 0"),
+    ("--cache-negative-ttl-s", "inf", "negative_ttl_s must be a finite number of seconds >= 0"),
+    ("--cache-default-temperature", "nan", "default_temperature must be in [0, 2]"),
+    ("--cache-review-below", "7", "review_below a similarity in [-1, 1]"),
 ])
-def test_engine_settings_are_checked_before_the_engine_starts(served, flag, value, says):
+def test_settings_are_checked_before_the_engine_starts(served, flag, value, says):
     """Refused at the command line with the setting's name, not by a traceback from the engine process."""
     result, _ = serve(served, flag, value)
-    assert result.exit_code == 2 and says in " ".join(result.output.split()), result.output
+    assert result.exit_code == 2 and says in " ".join(result.output.replace("│", " ").split()), result.output
     assert not served
 
 
