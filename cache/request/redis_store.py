@@ -102,6 +102,7 @@ class RedisStore:
         self.queue: deque[tuple[str, object]] = deque()     # ("put", Entry) | ("delete", ids) while down
         self.queue_size = queue_size
         self.dropped = 0
+        self.malformed = 0      # hashes an index rebuild could not read (written by hand, or by another version)
         self.queue_lock = threading.Lock()
         self.follower = None
 
@@ -210,8 +211,14 @@ class RedisStore:
                 pipe = self.redis.pipeline(transaction=False)
                 for entry_id, ns in page:
                     pipe.hgetall(f"{self.prefix}:{ns}:e:{entry_id}")
-                for (entry_id, _), fields in zip(page, pipe.execute(), strict=True):
-                    entry = _entry(entry_id, fields)
+                for (entry_id, ns), fields in zip(page, pipe.execute(), strict=True):
+                    try:
+                        entry = _entry(entry_id, fields)
+                    except (KeyError, ValueError, TypeError) as exc:  # one bad hash must not stop a rebuild
+                        self.malformed += 1
+                        log.warning("request-cache redis: skipped malformed entry %s:%s:e:%s (%s: %s); a lookup "
+                                    "of it is a miss", self.prefix, ns, entry_id, type(exc).__name__, exc)
+                        continue
                     if entry is not None:
                         yield entry
         except LINK_ERRORS as exc:
@@ -289,7 +296,7 @@ class RedisStore:
         with self.queue_lock:
             queued = len(self.queue)
         return {"up": self.breaker.up, "errors": self.breaker.errors, "queue": queued, "dropped": self.dropped,
-                "stream_lag_s": follower.lag_s if follower is not None else 0.0,
+                "malformed": self.malformed, "stream_lag_s": follower.lag_s if follower is not None else 0.0,
                 "resyncs": follower.resyncs if follower is not None else 0}
 
     def health(self) -> str | None:

@@ -86,6 +86,10 @@ class StreamFollower:
         except LINK_ERRORS as exc:
             self.store.breaker.failure(exc, trip=True)
             return False
+        except Exception as exc:        # a bug: Redis stays marked down (health says so) and the probe retries
+            log.exception("request-cache redis %s: resync failed", self.store.url)
+            self.store.breaker.failure(exc, trip=True)
+            return False
         self.resyncs += 1
         log.info("request-cache redis %s: in sync (%d resyncs)", self.store.url, self.resyncs)
         return True

@@ -210,6 +210,9 @@ def _cache_families(stats: dict):
                                 value=redis["queue"])
         yield CounterMetricFamily("strata_cache_redis_queue_dropped", "Queued writes dropped (oldest first) while "
                                   "Redis was down", value=redis["dropped"])
+        yield CounterMetricFamily("strata_cache_redis_malformed_entries", "Entries an index rebuild skipped because "
+                                  "their Redis hash could not be read (a lookup of one is a miss)",
+                                  value=redis["malformed"])
         yield GaugeMetricFamily("strata_cache_redis_stream_lag_seconds", "Age of the latest sync event when this "
                                 "replica read it", value=redis["stream_lag_s"])
         yield CounterMetricFamily("strata_cache_redis_resyncs", "Index rebuilds from Redis (start, recovery, gap)",

@@ -111,7 +111,7 @@ def test_redis_killed_under_load_then_restarted(replicas):
     assert health["status"] == "degraded" and "redis down" in health["reason"]
     with a.http(ADMIN) as http:
         metrics = http.get("/metrics").text
-    assert "strata_cache_redis_up 0.0" in metrics
+    assert "strata_cache_redis_up 0.0" in metrics and "strata_cache_redis_malformed_entries_total 0.0" in metrics
     outage = ["Why do cats purr when they sleep?", "Compare TCP and UDP for video calls.",
               "List three uses of a binary heap."]
     for question in outage:                 # answered by A while Redis is down: queued

@@ -221,6 +221,50 @@ def test_a_replica_that_fell_behind_the_stream_rebuilds_its_index(url):
         b.close()
 
 
+def test_a_malformed_hash_in_redis_is_skipped_and_replication_goes_on(url, server):
+    """A hash written by hand or by another version (here a created_at that is no number) used to end the stream
+    follower on every replica at its next resync, and stopped a new replica from starting."""
+    a = replica(url)
+    try:
+        run(a.lookup(chat("Who invented the light bulb?"))).complete("Edison.", tags=("inv",))
+        run(a.drain())
+        run(answer(a, chat("What is a monad?"), "A monoid."))
+        client = server.client()
+        (key,) = [k for k in client.keys("strata:default:*:e:*") if client.hget(k, "answer") == b"A monoid."]
+        client.hset(key, "created_at", "1.0.0")
+        b = replica(url)                    # starts: its first resync reads the bad hash
+        try:
+            assert b.store.malformed == 1 and len(b.semantic) == 1 and b.store.follower.thread.is_alive()
+            assert run(b.lookup(chat("Who invented the light bulb?"))).layer == "exact"
+            resyncs = b.store.follower.resyncs
+            client.xadd("strata:stream", {"op": "put", "ids": key.decode().rsplit(":", 1)[1], "origin": "other"})
+            b.store.breaker.failure(RuntimeError("a blip"), trip=True)      # what an outage leads to: a resync
+            eventually(lambda: b.store.follower.resyncs > resyncs)
+            assert b.store.breaker.up and b.store.follower.thread.is_alive() and b.store.malformed == 2
+            assert a.invalidate(tag="inv") == 1                             # and events still arrive
+            eventually(lambda: run(b.lookup(chat("Who invented the light bulb?"))).layer == "miss")
+        finally:
+            b.close()
+    finally:
+        a.close()
+
+
+def test_a_resync_that_fails_for_another_reason_keeps_the_follower_and_says_redis_is_down(url, monkeypatch):
+    a = replica(url)
+    try:
+        def broken() -> None:
+            raise RuntimeError("a bug in a listener")
+        monkeypatch.setattr(a, "resync", broken)
+        a.store.breaker.failure(RuntimeError("a blip"), trip=True)
+        time.sleep(1.0)                     # the probe retries every 0.5 s and keeps failing
+        assert a.store.follower.thread.is_alive() and not a.store.breaker.up
+        assert a.health()["status"] == "degraded" and "redis down" in a.health()["reason"]
+        monkeypatch.undo()
+        eventually(lambda: a.store.breaker.up, timeout=3.0)
+    finally:
+        a.close()
+
+
 def test_tinylfu_layer_is_bounded_by_entries_and_bytes():
     now = time.time()
 
