@@ -8,7 +8,7 @@ import xxhash
 
 from strata.cache.request.normalize import normalize_text
 from strata.cache.request.request import CacheRequest
-from strata.cache.request.templating import template_request
+from strata.cache.request.templating import Templated, template_request
 
 # Request fields that do not change the answer text, so they do not split the cache.
 _NOT_IN_KEY = frozenset({"stream", "stream_options", "user"})
@@ -75,8 +75,10 @@ def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
     *history, last = req.messages
     if last["role"] != "user":
         raise NotCacheable("not-a-user-turn")
-    query = normalize_text(_content(last))
-    if not query:
+    # a completion prompt is text the model continues: a trailing space or newline, CR LF or a tab is context the
+    # next token depends on, so nothing folds and nothing is templated
+    query = _content(last) if req.verbatim else normalize_text(_content(last))
+    if not query.strip():
         raise NotCacheable("empty-query")
     system, context, user_turns = [], [], []
     for msg in history:
@@ -93,7 +95,7 @@ def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
         raise ValueError(f"messages are not JSON data: {exc}") from None
     partition = "|".join((req.tenant, req.model, _hash("\n\x00".join(system)), _hash(context_json),
                           _hash(sampling_key(req.sampling))))
-    templated = template_request(query)
+    templated = Templated(query) if req.verbatim else template_request(query)
     fold = str.casefold if casefold else str
     return RequestKey(
         tenant=req.tenant,

@@ -1,4 +1,6 @@
-"""Text normalization for cache keys: two texts share an exact key only when no answer could tell them apart.
+"""Text normalization for a chat question's cache key: two texts share an exact key only when what they ask cannot
+differ (the model may still word its answer differently: a trailing space is other tokens). Completion prompts are
+continuation text and never normalized (keys.py).
 
 What folds, and why it cannot change the answer:
 - line breaks: "\\r\\n" and "\\r" become "\\n" (how a client sends a line break, not what it says);

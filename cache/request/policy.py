@@ -131,7 +131,7 @@ class Policy:
         n = req.sampling.get("n", 1)
         if n not in (None, 1):
             return _bypass("n>1")
-        semantic = True
+        semantic = not req.verbatim        # a continuation depends on the prompt's exact text, not on its meaning
         if temperature >= GREEDY_BELOW:
             if self.temperature_rule == "bypass" or (self.temperature_rule == "seeded-exact" and req.sampling.get("seed") is None):
                 return _bypass("sampling")

@@ -27,6 +27,7 @@ class CacheRequest:
     client_id: str | None = None      # for the penetration guard
     draft_answers: int = 0            # on a miss, the answers of up to this many closest candidates not served (drafts)
     origin: str | None = None         # the client request it is part of (several prompts): none waits on another's flight
+    verbatim: bool = False            # a completion prompt: keyed on its exact characters, exact layer only
 
     def __post_init__(self) -> None:
         _check_name("tenant", self.tenant)
@@ -48,6 +49,8 @@ class CacheRequest:
             raise ValueError("draft_answers must be an integer >= 0")
         if self.origin is not None and not isinstance(self.origin, str):
             raise ValueError("origin must be a str or None")
+        if self.verbatim and (len(self.messages) != 1 or not isinstance(self.messages[0].get("content"), str)):
+            raise ValueError("a verbatim request is one message of text (a completion prompt)")
 
 
 @dataclass(slots=True, frozen=True)

@@ -267,7 +267,7 @@ class Completer:
             creq = CacheRequest(tenant, self.model_key, messages, sampling, mode=req.cache,
                                 no_cache="no-cache" in directives, no_store="no-store" in directives,
                                 client_id=client_id, draft_answers=self.cache_drafts,
-                                origin=origin)
+                                origin=origin, verbatim=not chat)
         except ValueError as exc:
             raise APIError(400, str(exc)) from None
         return await self.cache.lookup(creq)

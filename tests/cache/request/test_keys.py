@@ -131,6 +131,24 @@ def test_partition_layout_and_personal_templating():
     assert other.exact == key.exact and other.flight != key.flight   # one entry, two separate computations
 
 
+def test_a_verbatim_completion_prompt_folds_nothing_and_is_never_templated():
+    """A completion prompt is text the model continues: a trailing space or newline, CR LF, a tab or a second space
+    is context the next token depends on (audit: 'def add(a, b):' was served for the prompt with a newline)."""
+    def verbatim(text):
+        return build_key(CacheRequest("t", "m", [{"role": "user", "content": text}], {"temperature": 0},
+                                      verbatim=True))
+    texts = ["def add(a, b):", "def add(a, b):\n", "def add(a, b): ", "\n\ndef add(a, b):", "def  add(a, b):",
+             "def\tadd(a, b):", "a\r\nb", "a\nb"]
+    assert len({verbatim(t).exact for t in texts}) == len(texts)
+    assert len({build_key(req(t)).exact for t in texts}) < len(texts)            # a chat question folds them
+    personal = verbatim("Dear bob@example.com,")
+    assert not personal.personal and personal.text == "Dear bob@example.com,"
+    with pytest.raises(NotCacheable, match="empty-query"):
+        verbatim(" \n")
+    with pytest.raises(ValueError, match="verbatim"):
+        CacheRequest("t", "m", [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}], verbatim=True)
+
+
 @pytest.mark.parametrize("bad", [
     dict(tenant=""), dict(tenant="a|b"), dict(model=""), dict(messages=[]), dict(messages=[{"role": "x", "content": "a"}]),
     dict(messages=[{"role": "user", "content": 3}]), dict(sampling=[]), dict(mode="fast"),

@@ -100,6 +100,8 @@ def test_request_flags(policy):
     assert d.bypass and d.write and d.reason == "refresh"
     d = decide(policy, "Write a haiku", mode="exact-only")
     assert d.lookup_exact and not d.lookup_semantic
+    d = decide(policy, "Once upon a time", verbatim=True)     # a completion prompt: continuation, not a question
+    assert d.lookup_exact and d.write and not d.lookup_semantic and not d.write_semantic
 
 
 @pytest.mark.parametrize("text", [

@@ -70,6 +70,20 @@ def test_a_prompt_repeated_in_one_request_is_answered_at_once_and_cached_once(se
     assert again.headers["x-strata-cache"] == "exact" and again.parse().choices[0].text == out.choices[0].text
 
 
+def test_a_prompt_differing_only_in_whitespace_is_its_own_entry(server):
+    """Audit: 'def add_X(a, b):' + newline was served the answer cached for the prompt without it (exact), though
+    the model continues them differently; a completion prompt is keyed on its exact characters."""
+    for first, second in [("def add_7(a, b):", "def add_7(a, b):\n"), ("Line one Z\r\nLine two", "Line one Z\nLine two"),
+                          ("Q: 2+2=  A:", "Q: 2+2= A:")]:
+        assert complete(server, first).headers["x-strata-cache"] == "miss"
+        server.settle()
+        assert complete(server, first).headers["x-strata-cache"] == "exact"
+        other = complete(server, second)
+        assert other.headers["x-strata-cache"] == "miss", (first, second)
+        assert other.parse().choices[0].text == complete(server, second, extra_body={"cache": "off"}).parse() \
+            .choices[0].text
+
+
 def test_logprobs_come_per_choice(server):
     out = complete(server, PROMPTS, logprobs=1).parse()
     assert all("".join(c.logprobs.tokens) == c.text and len(c.logprobs.tokens) == 5 for c in out.choices)
