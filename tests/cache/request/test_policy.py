@@ -113,6 +113,25 @@ def test_real_time_questions_of_other_wordings_and_languages_bypass(policy, text
     assert decide(policy, text).reason == "realtime"
 
 
+@pytest.mark.parametrize("text, reason", [
+    ("What's the date?", "realtime"), ("What day of the week is it?", "realtime"), ("What year is it?", "realtime"),
+    ("How many days until Christmas?", "realtime"), ("Who is the president of the United States?", "realtime"),
+    ("What is the USD to EUR conversion?", "realtime"), ("Any news on the election?", "realtime"),
+    ("What's trending on Twitter?", "realtime"), ("Move 200 euros from savings to checking", "money"),
+    ("Reset my pw please", "security"), ("What's the WiFi code?", "security"),
+    ("Is it lawful to record a phone call?", "legal"), ("Do I need a permit to build a fence?", "legal"),
+    ("Can my employer fire me for being sick?", "legal"),
+])
+def test_phrasings_an_audit_found_cached_now_bypass(policy, text, reason):
+    assert decide(policy, text).reason == reason
+
+
+@pytest.mark.parametrize("text", ["How do I move 3 columns to the left in Excel?", "Who was the first president of the US?",
+                                  "What is a news aggregator?", "Explain the MIT license", "What does a landlord do?"])
+def test_their_neighbours_that_do_not_depend_on_time_or_person_stay_cacheable(policy, text):
+    assert not decide(policy, text).bypass
+
+
 @pytest.mark.parametrize("text", ["Какая сегодня погода?", "今日の天気は？", "오늘 날씨 어때?", "ما هو سعر الذهب"])
 def test_scripts_the_rules_cannot_read_bypass(policy, text):
     d = decide(policy, text)
