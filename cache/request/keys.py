@@ -32,6 +32,7 @@ class RequestKey:
     conversation: str          # every user turn, normalized: what the policy reads
     values: dict[str, str] = field(default_factory=dict)
     personal: bool = False
+    about_value: bool = False  # asks about a personal value itself (its meaning, length, ...): never shared
 
 
 def _hash(text: str) -> str:
@@ -108,4 +109,5 @@ def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
         conversation="\n".join([*user_turns, query]),
         values=templated.values,
         personal=templated.personal,
+        about_value=templated.about_value,
     )

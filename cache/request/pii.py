@@ -22,7 +22,7 @@ _CITIES = (
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple((kind, re.compile(p)) for kind, p in (
     ("order_number", r"(?i:order|订单)\s*(?i:number|no\.?|id|号|编号)?\s*(?i:is|是)?\s*[:：#]?\s*(?P<v>[A-Za-z]*\d[A-Za-z0-9-]{3,})"),
     ("name", r"(?i:my name is|i'm called|call me|dear)\s+(?P<v>[A-Z][a-z]+(?: [A-Z][a-z]+)?)"
-             r"|(?:我叫|我的名字是|我的名字叫)(?P<v2>[\u4e00-\u9fff]{2,3})"),
+             r"|(?:我叫|我的名字是|我的名字叫)(?!什么|谁|啥|哪)(?P<v2>[\u4e00-\u9fff]{2,3})"),
     ("email", r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),
     ("id_number", r"(?<![\dA-Za-z])(?:\d{17}[\dXx]|\d{3}-\d{2}-\d{4})(?![\dA-Za-z])"),
     ("bank_card", r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"),

@@ -136,7 +136,7 @@ class Policy:
             if self.temperature_rule == "bypass" or (self.temperature_rule == "seeded-exact" and req.sampling.get("seed") is None):
                 return _bypass("sampling")
             semantic = False
-        reason = self.bypass_reason(key.conversation)
+        reason = self.bypass_reason(key.conversation) or ("personal-value" if key.about_value else None)
         if reason:
             return _bypass(reason)
         ttl_class, ttl_s = self.ttl_class(key.query)

@@ -10,6 +10,18 @@ from strata.cache.request.pii import PII_KINDS, find_entities
 _OPEN, _CLOSE = "\u27e6", "\u27e7"     # ⟦EMAIL_1⟧: brackets that ordinary text does not use
 _PLACEHOLDER = re.compile(f"{_OPEN}[A-Z_]+_\\d+{_CLOSE}")
 _DYNAMIC_KINDS = PII_KINDS | {"date", "amount"}
+# What a question or answer says about a personal value itself (its meaning, length, spelling, gender, validity):
+# such an answer depends on the value, so it must not be refilled with another one ("Yes, Robert is a
+# traditionally female name"). Best effort, like the policy's lists; the answer-side check below backs it up.
+_PROPERTY = re.compile(r"(?i:\b(?:mean|means|meaning|letters|(?:first|last|which|what) letter|characters?|digits?|spell\w*|pronounc\w*|origins?|gender"
+                       r"|girls?|boys?|female|male|feminine|masculine|valid|invalid|real|fake|rhym\w*|translat\w*"
+                       r"|nicknames?|popular|common|rare|unique|short for|stands? for|anagrams?|revers\w*|syllables?"
+                       r"|upper ?case|lower ?case|how long)\b)"
+                       r"|意思|含义|寓意|几个字|多少个字|笔画|怎么读|读音|拼音|男孩|女孩|男名|女名|男生|女生|有效|真假|多长")
+# A value's kind named again past its declaration ("My name is ⟦NAME_1⟧. How many letters does my name have?")
+_KIND_NOUN = {"name": "name|名字|姓名", "email": "e-?mail|邮箱", "phone": "phone|mobile|手机|电话|号码",
+              "order_number": "order|订单", "address": "address|地址", "id_number": "ssn|身份证",
+              "bank_card": "card|卡号"}
 
 
 @dataclass(slots=True)
@@ -19,6 +31,7 @@ class Templated:
     text: str
     values: dict[str, str] = field(default_factory=dict)   # placeholder -> value in this request
     personal: bool = False                                  # the request carried PII
+    about_value: bool = False                               # it asks about a personal value itself: never templated
 
 
 @lru_cache(maxsize=8192)
@@ -44,7 +57,31 @@ def template_request(text: str) -> Templated:
         parts += [text[pos:e.start], name]
         pos = e.end
     parts.append(text[pos:])
-    return Templated("".join(parts), values, personal=True)
+    templated = "".join(parts)
+    return Templated(templated, values, personal=True, about_value=_asks_about_value(templated, counts))
+
+
+def _asks_about_value(templated: str, counts: dict[str, int]) -> bool:
+    """Whether a templated personal request asks about one of its values rather than only carrying it."""
+    masked = _PLACEHOLDER.sub(lambda m: " " * len(m.group()), templated)     # same offsets, no "NAME" inside
+    if _PROPERTY.search(masked):
+        return True
+    for kind in counts:
+        noun = _KIND_NOUN.get(kind)
+        if noun is None:
+            continue
+        placeholder = f"{_OPEN}{kind.upper()}_"
+        mentions = re.finditer(f"(?i:{noun})", masked)
+        # a mention that introduces the value ("my name is ⟦NAME_1⟧", "order #⟦ORDER_NUMBER_1⟧") is its declaration
+        if not all(_introduces(templated[m.end():m.end() + 40], placeholder) for m in mentions):
+            return True
+    return False
+
+
+def _introduces(after: str, placeholder: str) -> bool:
+    """Whether the text after a mention of a kind reaches that kind's placeholder within the same sentence."""
+    head, found, _ = after.partition(placeholder)
+    return bool(found) and not re.search(r"[.?!。？！]", head)
 
 
 def template_answer(answer: str, values: dict[str, str]) -> str | None:
@@ -61,6 +98,8 @@ def template_answer(answer: str, values: dict[str, str]) -> str | None:
         answer = answer.replace(value, name)
     if any(e.kind in _DYNAMIC_KINDS for e in find_entities(_PLACEHOLDER.sub(" ", answer))):
         return None
+    if any(_PROPERTY.search(answer, m.end(), m.end() + 60) for m in _PLACEHOLDER.finditer(answer)):
+        return None                         # "⟦NAME_1⟧ is a traditionally female name": true of this value only
     return answer
 
 

@@ -132,6 +132,11 @@ def test_their_neighbours_that_do_not_depend_on_time_or_person_stay_cacheable(po
     assert not decide(policy, text).bypass
 
 
+def test_a_question_about_a_personal_value_bypasses(policy):
+    assert decide(policy, "My name is Alice. How many letters does my name have?").reason == "personal-value"
+    assert not decide(policy, "My name is Alice. Recommend a book for me.").bypass
+
+
 @pytest.mark.parametrize("text", ["Какая сегодня погода?", "今日の天気は？", "오늘 날씨 어때?", "ما هو سعر الذهب"])
 def test_scripts_the_rules_cannot_read_bypass(policy, text):
     d = decide(policy, text)

@@ -271,6 +271,26 @@ def test_pii_responses_and_untemplatable_requests_are_not_written():
     cache.close()
 
 
+def test_an_answer_about_a_personal_value_is_never_refilled_with_another():
+    """Audit: a warm-up entry for Alice answered Robert "Yes, Robert is a traditionally female name." (exact)."""
+    cache = make()
+    faq = [{"question": "My name is Alice. Is my name usually given to girls?",
+            "answer": "Yes, Alice is a traditionally female name."},
+           {"question": "My name is Alice. Recommend one novel to me.", "answer": "Alice, I would recommend Dune."}]
+    assert cache.warmup(faq, model="m@1") == 1
+    assert cache.stats()["counters"]["warmup"] == {"skipped_personal-value": 1}
+
+    async def go():
+        about = await cache.lookup(chat("My name is Robert. Is my name usually given to girls?"))
+        carried = await cache.lookup(chat("My name is Robert. Recommend one novel to me."))
+        return about, carried
+
+    about, carried = run(go())
+    assert (about.layer, about.reason) == ("bypass", "personal-value")
+    assert carried.layer == "exact" and carried.hit.text == "Robert, I would recommend Dune."
+    cache.close()
+
+
 def test_every_bypass_query_is_bypassed_or_never_written():
     rows = [json.loads(line) for line in BYPASS_QUERIES.read_text().splitlines()]
     assert len(rows) >= 60 and {r["why"] for r in rows} == {"realtime", "money", "legal", "security", "pii"}

@@ -54,6 +54,35 @@ def test_unsafe_answers_are_not_templated(answer):
     assert template_answer(answer, template_request("Write a note to bob@example.com").values) is None
 
 
+@pytest.mark.parametrize("text, about", [
+    ("My name is Alice. Is my name usually given to girls?", True),
+    ("My name is Alice. How many letters does my name have?", True),
+    ("My name is Alice. What letter does my name start with?", True),
+    ("Is bob@example.com a valid address?", True),
+    ("我叫王小明，我的名字有什么寓意？", True),
+    ("My order A7731920 has not arrived. Where is my order?", True),
+    ("My name is Alice. Recommend a book for me.", False),
+    ("Write a thank-you note to bob@example.com for the meeting on May 3", False),
+    ("My order number is A7731920. Please write a complaint letter.", False),
+    ("我的手机号是13912345678，帮我写个签名", False),
+])
+def test_a_request_about_its_personal_value_is_told_from_one_that_carries_it(text, about):
+    templated = template_request(text)
+    assert templated.personal and templated.about_value == about
+
+
+@pytest.mark.parametrize("answer", ["Yes, Alice is a traditionally female name.", "Alice has 5 letters.",
+                                    "Alice means 'noble' in Old German."])
+def test_an_answer_that_states_a_property_of_the_value_is_not_templated(answer):
+    assert template_answer(answer, template_request("My name is Alice. Tell me about it.").values) is None
+    assert template_answer("Alice, I would recommend Dune.", template_request("My name is Alice.").values) is not None
+
+
+def test_a_chinese_question_word_is_not_taken_for_a_name():
+    assert not has_pii("我的名字是什么意思？") and ("name", "王小明") in [
+        (e.kind, e.value) for e in find_entities("我叫王小明")]
+
+
 def test_non_personal_requests_stay_literal_and_fill_needs_every_value():
     assert template_request("Tell me about Paris on May 3").values == {}
     assert fill_answer("Hi \u27e6EMAIL_1\u27e7", {}) is None
