@@ -11,6 +11,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     WithJsonSchema,
     model_validator,
@@ -22,7 +23,13 @@ from strata.server.api.unsupported import (
     NullOnly,
     ResponseFormat,
 )
-from strata.server.engine.sampling_params import MAX_LOGPROBS, MAX_STOPS, PENALTY_RANGE, InvalidParam
+from strata.server.engine.sampling_params import (
+    MAX_LOGPROBS,
+    MAX_STOPS,
+    PENALTY_RANGE,
+    REPETITION_PENALTY_RANGE,
+    InvalidParam,
+)
 
 # Sampling fields beyond the original few (OpenAI's penalties, vLLM's extensions) that change the answer: part of the
 # exact-cache key when not at their defaults.
@@ -34,7 +41,7 @@ Stops = Annotated[Annotated[list[str], Field(max_length=MAX_STOPS)] | None,
                   BeforeValidator(lambda v: [v] if isinstance(v, str) else v),
                   WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
                                                                    "maxItems": MAX_STOPS}, {"type": "null"}]})]
-Penalty = Annotated[float, Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1], allow_inf_nan=False)]
+Penalty = Annotated[StrictFloat, Field(ge=PENALTY_RANGE[0], le=PENALTY_RANGE[1], allow_inf_nan=False)]
 TopLogprobs = Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]
 
 CacheMode = Literal["auto", "off", "exact-only", "refresh"]
@@ -92,8 +99,8 @@ class _Common(Strict):
 
     model: str
     max_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: StrictFloat = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: StrictFloat = Field(default=1.0, gt=0.0, le=1.0)
     stop: Stops = None
     seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**64 - 1)    # what torch generators take
     n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)
@@ -103,7 +110,7 @@ class _Common(Strict):
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     # vLLM extensions
-    repetition_penalty: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)
+    repetition_penalty: StrictFloat = Field(default=1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])
     min_tokens: StrictInt = Field(default=0, ge=0)
     ignore_eos: StrictBool = False
     stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list)

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 MIN_TEMPERATURE = 1e-5
 SEED_RANGE = (-(2**63), 2**64 - 1)       # what torch.Generator.manual_seed takes
 PENALTY_RANGE = (-2.0, 2.0)              # presence and frequency penalties, as OpenAI bounds them
+# repetition penalty: dividing a logit by 1e-38 overflows to inf and the answer became one special token repeated
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
 MAX_STOPS = 16
 MAX_LOGPROBS = 20                        # top alternatives per token, as OpenAI bounds top_logprobs
 
@@ -66,9 +68,10 @@ class SamplingParams:
                 not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidParam(f"min_tokens must be an integer in [0, max_tokens = {self.max_tokens}], got "
                                f"{self.min_tokens!r}", "min_tokens")
-        if not (_number(self.repetition_penalty) and self.repetition_penalty > 0.0):
-            raise InvalidParam(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}",
-                               "repetition_penalty")
+        low, high = REPETITION_PENALTY_RANGE
+        if not (_number(self.repetition_penalty) and low <= self.repetition_penalty <= high):
+            raise InvalidParam(f"repetition_penalty must be a number in [{low}, {high}], got "
+                               f"{self.repetition_penalty!r}", "repetition_penalty")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (type(value) is int and 0 <= value <= MAX_LOGPROBS):

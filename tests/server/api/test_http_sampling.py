@@ -95,6 +95,10 @@ def test_penalties_change_the_answer(server, natural):
     ({"stop_token_ids": [10**7]}, "stop_token_ids"),
     ({"stop_token_ids": ["a"]}, "stop_token_ids.0"),
     ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"repetition_penalty": 1e-38}, "repetition_penalty"),        # overflowed the logits: one special token repeated
+    ({"frequency_penalty": "1"}, "frequency_penalty"),             # a number as text is refused, as OpenAI does
+    ({"temperature": "0.5"}, "temperature"),
+    ({"top_p": True}, "top_p"),
 ])
 def test_out_of_range_settings_are_refused_by_name(server, extra, param):
     with pytest.raises(openai.BadRequestError) as info:

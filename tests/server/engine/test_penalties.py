@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from strata.server.engine.min_tokens import suppress_early_stops
 from strata.server.engine.penalties import apply_penalties
 from strata.server.engine.sampler import RowError, sample
-from strata.server.engine.sampling_params import InvalidParam, SamplingParams
+from strata.server.engine.sampling_params import REPETITION_PENALTY_RANGE, InvalidParam, SamplingParams
 from strata.server.engine.sequence import Sequence
 
 VOCAB = 12
@@ -67,11 +67,13 @@ def test_penalties_change_greedy_choices_per_row_only():
 
 
 @settings(max_examples=100, deadline=None)
-@given(penalty=st.one_of(st.just(5e-324), st.floats(1e-300, 1e300)), temperature=st.floats(1e-5, 2.0),
-       scale=st.floats(1e-3, 1e4), seed=st.integers(0, 2**16))
+@given(penalty=st.one_of(st.sampled_from(REPETITION_PENALTY_RANGE), st.floats(*REPETITION_PENALTY_RANGE)),
+       temperature=st.floats(1e-5, 2.0), scale=st.floats(1e-3, 1e4), seed=st.integers(0, 2**16))
 def test_extreme_repetition_penalties_still_sample(penalty, temperature, scale, seed):
-    """5e-324 is 0 in fp32: positive logits of seen tokens divide to inf, and a temperature of 1e-5 multiplies
-    them further; the bound keeps every row samplable."""
+    """At the ends of the accepted range, with logits up to 1e4 and a temperature of 1e-5, every row samples.
+    Outside it (5e-324 is 0 in fp32: seen tokens' logits divided to inf) the request is refused."""
+    with pytest.raises(InvalidParam, match="repetition_penalty"):
+        SamplingParams(repetition_penalty=5e-324)
     torch.manual_seed(seed)
     logits = torch.randn(2, VOCAB) * scale
     params = SamplingParams(temperature=temperature, seed=seed, repetition_penalty=penalty)
