@@ -24,8 +24,8 @@ class Metrics:
         """engine_stats: the engine's counters (EngineClient.stats, the engine process's latest snapshot)."""
         self.engine_stats, self.cache, self.model_key = engine_stats, cache, model_key
         self.registry = registry = CollectorRegistry()
-        self.requests = Counter("strata_requests", "Completion requests by endpoint, cache layer and HTTP status",
-                                ["endpoint", "cache_layer", "status"], registry=registry)
+        self.requests = Counter("strata_requests", "Completion choices (one per prompt and n) by endpoint, cache "
+                                "layer and HTTP status", ["endpoint", "cache_layer", "status"], registry=registry)
         self.latency = Histogram("strata_request_latency_seconds", "Request latency to the last byte, by cache layer",
                                  ["cache_layer"], buckets=LATENCY_BUCKETS, registry=registry)
         self.ttft = Histogram("strata_time_to_first_token_seconds", "Time to the first answer text, by cache layer",

@@ -56,14 +56,19 @@ def openai_router(auth: Auth, completer: Completer, metrics: Metrics, max_body_b
             return StreamingResponse(_events(shape, answers, formats, include_usage, continuous, metrics, endpoint),
                                      media_type="text/event-stream", headers=batch.headers(answers),
                                      background=BackgroundTask(batch.release, answers))
+        status = 500
         try:
             texts = await _unless_disconnected(request, batch.texts(answers))
+            status = 499 if texts is None else 200
+        except APIError as exc:
+            status = exc.status
+            raise
         finally:
             batch.release(answers)
+            for answer in answers:      # a client that left is counted too (499), as a stream's is
+                metrics.observe(endpoint, answer, status)
         if texts is None:
             return Response(status_code=499)  # nobody is listening; the sequences were aborted
-        for answer in answers:
-            metrics.observe(endpoint, answer)
         choices = [(text, a.finish_reason, fmt(a.take_logprobs()) if fmt else None)
                    for text, a, fmt in zip(texts, answers, formats, strict=True)]
         return JSONResponse(shape.response(choices, batch.total_usage(answers), batch.strata(answers)),

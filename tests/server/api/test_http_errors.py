@@ -9,7 +9,8 @@ import time
 import httpx
 import openai
 import pytest
-from helpers.http_server import MODEL
+from helpers.http_server import ADMIN, MODEL
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
@@ -192,10 +193,19 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(server):
     assert server.app.state.completer.engine.num_pending == 0
 
 
+def abandoned(server) -> float:
+    """strata_requests_total of chat answers whose client left (status 499)."""
+    with server.http(ADMIN) as http:
+        families = text_string_to_metric_families(http.get("/metrics").text)
+    return sum(s.value for f in families if f.name == "strata_requests" for s in f.samples
+               if s.name == "strata_requests_total" and s.labels["status"] == "499")
+
+
 def test_disconnect_while_waiting_for_a_whole_answer_aborts_and_frees_blocks(server):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long essay about rivers."}],
             "max_tokens": 400, "temperature": 0}
     before = server.stats()["generated_tokens"]
+    left = abandoned(server)
     with server.http() as http:
         with pytest.raises(httpx.ReadTimeout):
             http.post(CHAT, json=body, timeout=httpx.Timeout(120, read=1.5))  # the client gives up and hangs up
@@ -205,6 +215,7 @@ def test_disconnect_while_waiting_for_a_whole_answer_aborts_and_frees_blocks(ser
         time.sleep(0.05)                                         # when the client left
     assert engine.num_pending == 0
     assert server.idle_blocks(server.idle, timeout=5.0) == server.idle
+    assert abandoned(server) == left + 1            # counted as a client that left (499), as a stream's is
     assert server.stats()["generated_tokens"] - before < 400  # stopped early, not run to max_tokens
 
 
