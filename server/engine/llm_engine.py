@@ -92,7 +92,8 @@ class LLMEngine:
         self.kv = KVStorage(self.kv_layout, num_blocks + 1, self.device)
         self.swap_space = SwapSpace(self.kv_layout, config.swap_space) if config.swap_space else None
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, self.fingerprint)
-        self.scheduler = Scheduler(config, self.block_manager, self.swap_space)
+        self.scheduler = Scheduler(config, self.block_manager, self.swap_space,
+                                   config.resolve_prefill_beside_decodes(self.device))
         self.backend = get_backend(config.attention_backend, self.device)
         graphs = None
         if captures_decode_graphs(config, self.device, self.backend):

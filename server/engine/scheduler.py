@@ -37,8 +37,11 @@ class PreemptionStats:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, swap: SwapSpace | None):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, swap: SwapSpace | None,
+                 prefill_beside_decodes: int | None = None):
         self.config = config
+        # prompt tokens a step takes while it decodes others (config.resolve_prefill_beside_decodes); None: no cap
+        self.prefill_beside_decodes = prefill_beside_decodes or config.max_num_batched_tokens
         self.blocks = block_manager
         self.swap = swap
         self.waiting: deque[Sequence] = deque()
@@ -66,6 +69,9 @@ class Scheduler:
             batch.decodes.append(seq)
             scheduled.add(seq)
             budget -= 1
+        # Prompt tokens beside decodes are capped: the step's time is each decoding request's inter-token time.
+        held_back = max(0, budget - self.prefill_beside_decodes) if batch.decodes else 0
+        budget -= held_back
         # 2. Prefill chunks of running sequences (their prompt blocks were allocated at admission).
         for seq in self.running:
             if seq in scheduled or budget <= 0 or seq.status is not SequenceStatus.RUNNING:
@@ -98,7 +104,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= self._schedule_chunk(seq, budget, batch, scheduled)
-        self._fit_drafts(batch, budget)
+        self._fit_drafts(batch, budget + held_back)
         return batch
 
     def _fit_drafts(self, batch: ScheduledBatch, budget: int) -> None:

@@ -219,3 +219,31 @@ def test_engine_fingerprint_names_both_the_prefix_cache_and_the_request_cache_pa
     from strata.cache.kv.block_manager import BlockManager
 
     assert fp32.block_manager.root_hash == BlockManager(1, 8, namespace=fp32.fingerprint).root_hash
+
+
+def test_a_long_prompt_prefills_in_small_chunks_only_while_others_decode(tiny_engine_factory):
+    """A step's time is the inter-token time of every request decoding in it: beside decodes a prompt gets at most
+    prefill_beside_decodes tokens a step; alone it gets the whole budget. The answers do not change."""
+    engine = tiny_engine_factory(kv_cache_memory="32MiB", max_num_batched_tokens=256, prefill_beside_decodes=16,
+                                 enable_prefix_caching=False)      # the second run must prefill again
+    assert engine.scheduler.prefill_beside_decodes == 16
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    long_prompt = [(i * 7) % 400 + 3 for i in range(200)]
+    alone = engine.generate([long_prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+    short = engine.add_request([5, 6, 7], greedy)
+    engine.step()                                            # the short one has its first token: it decodes now
+    long_id = engine.add_request(long_prompt, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    chunks, outputs = [], {}
+    while long_id not in outputs or not outputs[long_id].finished:
+        seq = engine.requests[long_id]
+        before = seq.num_computed_tokens
+        for out in engine.step():
+            outputs[out.request_id] = out
+        if long_id in engine.requests and engine.requests[long_id].num_output_tokens == 0:
+            chunks.append(engine.requests[long_id].num_computed_tokens - before)
+    assert chunks and max(chunks) <= 16                     # never more than the cap while the short one decodes
+    assert outputs[long_id].token_ids == alone.token_ids
+    engine.abort(short)
+    solo = tiny_engine_factory(max_num_batched_tokens=256, prefill_beside_decodes=16)
+    first = solo.add_request(long_prompt, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    assert solo.step()[0].request_id == first              # nothing decoding: the whole prompt in one step
