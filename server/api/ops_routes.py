@@ -22,15 +22,19 @@ def ops_router(auth: Auth, engine: EngineClient, metrics: Metrics, cache: Reques
     router = APIRouter()
     ops = [Depends(auth.check_ops)]
 
-    @router.get("/health")
-    async def health():
-        """ok | degraded (serving, with a fault worth a look) | starting | failed; 503 while it cannot serve.
-        A short reason only: the details are in the server log."""
+    def health_state() -> tuple[str, str | None]:
+        """ok | degraded (serving, with a fault worth a look) | starting | failed, and a short reason."""
         state, reason = engine.state, engine.reason
         if state == "ok" and cache is not None:
             cache_health = cache.health()
             if cache_health["status"] != "ok":
                 state, reason = "degraded", f"request cache: {cache_health['reason']}"
+        return state, reason or None
+
+    @router.get("/health")
+    async def health():
+        """The state, 503 while it cannot serve. A short reason only: the details are in the server log."""
+        state, reason = health_state()
         body = {"status": state, "pending": engine.num_pending, "engine_restarts": engine.restarts}
         if reason:
             body["reason"] = reason
@@ -47,7 +51,9 @@ def ops_router(auth: Auth, engine: EngineClient, metrics: Metrics, cache: Reques
 
     @router.get("/status", dependencies=ops)
     async def status():
-        return metrics.status() | {"pending": engine.num_pending, "request_cache": cache is not None}
+        state, reason = health_state()       # what /health says, so that the page never shows green over a fault
+        return metrics.status() | {"pending": engine.num_pending, "request_cache": cache is not None,
+                                   "health": {"status": state, "reason": reason, "engine_restarts": engine.restarts}}
 
     @router.get("/")
     async def status_page():

@@ -14,7 +14,14 @@ function replaceRows(table, rows) {
   for (const r of rows) table.appendChild(row(r));
 }
 
+function showHealth(state, reason) {
+  const el = $("health");
+  el.className = "health " + state;
+  el.textContent = "health " + state + (reason ? ": " + reason : "");
+}
+
 function render(s) {
+  showHealth(s.health.status, s.health.reason);
   $("model").textContent = s.model;
   $("pending").textContent = s.pending;
   for (const k of ["used", "free", "cached", "total"]) $("kv-" + k).textContent = s.kv[k];
@@ -53,6 +60,7 @@ async function poll() {
     else $("updated").textContent = res.status === 401 || res.status === 403
       ? "status needs the admin token: open this page as /#token=<admin-token>" : "error: HTTP " + res.status;
   } catch (e) {
+    showHealth("unreachable", String(e));
     $("updated").textContent = "error: " + e;
   }
 }

@@ -278,6 +278,13 @@ def test_status_page_in_headless_chromium(server, tmp_path):
     exact = re.search(r"<td>exact</td><td>(\d+)</td>", html)
     assert exact and int(exact.group(1)) >= 1
     assert re.search(r"<td>chat</td><td>exact</td>", html)   # recent requests with their layer
+    assert cell("health") == "health ok"
+    server.cache.faults.report("write", OSError("disk full"))   # what /health calls degraded, the page shows too
+    try:
+        shown = re.search(r'id="health"[^>]*>([^<]*)<', chromium(server.url + f"/#token={ADMIN}", "--dump-dom").stdout)
+        assert shown.group(1).startswith("health degraded: request cache:") and "disk full" in shown.group(1)
+    finally:
+        server.cache.faults.resolved()
     shot = tmp_path / "status.png"
     res = chromium(server.url + f"/#token={ADMIN}", f"--screenshot={shot}")
     assert res.returncode == 0 and shot.stat().st_size > 10_000, res.stderr[-2000:]
