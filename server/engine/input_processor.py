@@ -33,7 +33,7 @@ class ModelInfo:
     vocab_size: int
     max_model_len: int
     kv_capacity_tokens: int       # tokens the KV pool holds: a longer prompt could never be scheduled
-    fingerprint: str              # weights, dtype and KV dtype (llm_engine.model_fingerprint)
+    fingerprint: str              # weights, dtype and KV dtype (fingerprint.model_fingerprint)
 
     def serves_like(self, other: "ModelInfo") -> bool:
         """Same model, vocabulary, context and fingerprint: requests validated for one are valid for the other."""

@@ -3,10 +3,8 @@
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
-import xxhash
 from tqdm import tqdm
 
 from strata.cache.kv.block_manager import BlockManager
@@ -17,6 +15,7 @@ from strata.models.loader import load_model
 from strata.server.engine.config import EngineConfig, kv_cache_bytes
 from strata.server.engine.cuda_graph_runner import DecodeGraphs, captures_decode_graphs
 from strata.server.engine.detokenizer import Detokenizer
+from strata.server.engine.fingerprint import model_fingerprint
 from strata.server.engine.input_processor import InputProcessor, ModelInfo, RequestError, load_tokenizer
 from strata.server.engine.logprobs import TokenLogprob
 from strata.server.engine.model_runner import ModelRunner
@@ -47,17 +46,6 @@ class RequestOutput:
     new_logprobs: list[TokenLogprob] = field(default_factory=list)   # of new_token_ids, when the request asked
     prompt_logprobs: list[TokenLogprob] | None = None   # with the first output token, when the request asked
     spec: dict[str, dict[str, int]] | None = None   # draft source -> drafts, proposed/accepted tokens, steps saved
-
-
-def model_fingerprint(config: EngineConfig, model_path: Path | None, dtype: torch.dtype, kv_dtype: str,
-                      weight_format: str = "none") -> str:
-    """What makes this engine's outputs what they are: the weights (folder, file sizes and times; or the dummy shape and
-    seed; how they are stored), the dtype and the resolved KV dtype. Prefix-cache blocks and cached answers are never shared across two
-    fingerprints, so it is computed here, once, for both."""
-    files = sorted(model_path.glob("*.safetensors")) if model_path else []
-    ident = "|".join([str(model_path), config.load_format, str(config.model_config), str(config.dummy_weights_seed),
-                      str(dtype), kv_dtype, *([weight_format] if weight_format != "none" else []), *(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)])
-    return xxhash.xxh3_64_hexdigest(ident.encode())[:12]
 
 
 class LLMEngine:
