@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hmac
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,16 +28,25 @@ class Auth:
 
     @staticmethod
     def read_keys(path: str | Path) -> dict[str, str]:
-        """Lines "<api-key> <tenant>"; blank lines and # comments are skipped."""
-        keys = {}
-        for n, line in enumerate(Path(path).read_text("utf-8").splitlines(), 1):
-            line = line.split("#", 1)[0].strip()
+        """Lines "<api-key> <tenant>"; blank lines, lines starting with # and " # ..." after a line are comments (a
+        key may hold '#'). A key listed twice is an error, not the last line winning: it would move a caller into
+        another tenant's cache. Keys must be printable ASCII, what an HTTP header carries."""
+        keys: dict[str, str] = {}
+        lines: dict[str, int] = {}
+        for n, line in enumerate(Path(path).read_text("utf-8-sig").splitlines(), 1):   # -sig: a BOM is not a key
+            line = re.sub(r"(^|\s)#.*", "", line).strip()
             if not line:
                 continue
             parts = line.split()
             if len(parts) != 2 or "|" in parts[1]:
                 raise ValueError(f"{path}:{n}: expected '<api-key> <tenant>' (tenant without '|')")
-            keys[parts[0]] = parts[1]
+            key, tenant = parts
+            if not (key.isascii() and key.isprintable()):
+                raise ValueError(f"{path}:{n}: an API key must be printable ASCII (HTTP clients send no other)")
+            if key in keys:
+                raise ValueError(f"{path}:{n}: the key of line {lines[key]} again (tenant {tenant!r}, was "
+                                 f"{keys[key]!r}): each key names one tenant")
+            keys[key], lines[key] = tenant, n
         if not keys:
             raise ValueError(f"{path}: no API keys")
         return keys
