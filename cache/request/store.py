@@ -1,6 +1,7 @@
 """Persistent entry store: a small protocol (redis_store.py follows it too) and the embedded SQLite (WAL) default."""
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -152,18 +153,26 @@ class SQLiteStore:
         max_bytes bounds the entries' bytes, tenant_max_share the fraction one tenant may hold (see StoreQuota)."""
         self.quota = StoreQuota(max_bytes, tenant_max_share)
         self.path = path or ":memory:"
+        self.owner = None if self.path == ":memory:" else _own(self.path)
         try:
-            self.db = self._open()
-        except _Corrupt as exc:
-            if not reset:
-                raise ValueError(f"request-cache store {self.path} is corrupt ({exc}); move it aside, or start with "
-                                 f"--cache-db-reset (config db_reset) to have it moved aside and start empty") from None
-            aside = _move_aside(self.path)
-            log.warning("request-cache store %s is corrupt (%s): moved to %s, starting empty", self.path, exc, aside)
-            self.db = self._open()
-        self.lock = threading.Lock()
-        self.quota.load(self.db)
-        self._fit()
+            try:
+                self.db = self._open()
+            except _Corrupt as exc:
+                if not reset:
+                    raise ValueError(f"request-cache store {self.path} is corrupt ({exc}); move it aside, or start "
+                                     f"with --cache-db-reset (config db_reset) to have it moved aside and start "
+                                     f"empty") from None
+                aside = _move_aside(self.path)
+                log.warning("request-cache store %s is corrupt (%s): moved to %s, starting empty", self.path, exc,
+                            aside)
+                self.db = self._open()
+            self.lock = threading.Lock()
+            self.quota.load(self.db)
+            self._fit()
+        except BaseException:
+            if self.owner is not None:
+                self.owner.close()
+            raise
 
     def _open(self) -> sqlite3.Connection:
         try:
@@ -296,9 +305,35 @@ class SQLiteStore:
         return self.quota.usage()["entries"]
 
     def close(self) -> None:
-        """Close the connection (WAL is checkpointed by sqlite on the last close)."""
+        """Close the connection (WAL is checkpointed by sqlite on the last close) and give the file up."""
         with self.lock:
             self.db.close()
+        if self.owner is not None:
+            self.owner.close()          # closing the descriptor releases the lock
+
+
+def _own(path: str):
+    """Hold <path>.lock for this store's life: two servers on one file each kept their own in-process layer and byte
+    totals, so an invalidation on one left the other serving the deleted answers. The kernel releases the lock when
+    the process dies, kill -9 included."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        owner = open(f"{path}.lock", "a+")          # noqa: SIM115 - held open until close()
+    except OSError as exc:
+        raise ValueError(f"cannot open request-cache store {path}: {exc}") from None
+    try:
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner.seek(0)
+        holder = owner.read().strip() or "another process"
+        owner.close()
+        raise ValueError(f"request-cache store {path} is in use by {holder}: give each server its own --cache-db, "
+                         f"or share answers between servers with --cache-redis") from None
+    owner.seek(0)
+    owner.truncate()
+    owner.write(f"pid {os.getpid()}")
+    owner.flush()
+    return owner
 
 
 def _entry(row: tuple) -> Entry:

@@ -98,3 +98,18 @@ def test_kill_9_during_writes_leaves_a_readable_store(tmp_path):
     assert len(rows) >= committed                      # everything drained before the kill survived
     assert all(e.answer.startswith("poem ") for e in rows)
     store.close()
+
+
+def test_a_second_store_on_one_file_is_refused_until_the_first_closes(tmp_path):
+    """Two servers on one file each kept their own in-process layer and byte totals: an invalidation on one left the
+    other serving the deleted answers. The second now stops with a clear error; a closed or killed owner frees it."""
+    path = str(tmp_path / "cache.db")
+    first = SQLiteStore(path)
+    with pytest.raises(ValueError, match=rf"cache.db is in use by pid {os.getpid()}: .*--cache-redis"):
+        SQLiteStore(path)
+    first.close()
+    SQLiteStore(path).close()
+    (tmp_path / "junk.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(ValueError, match="corrupt"):
+        SQLiteStore(str(tmp_path / "junk.db"))
+    SQLiteStore(str(tmp_path / "junk.db"), reset=True).close()        # the failed open gave the file up
