@@ -30,6 +30,7 @@ class ServerConfig:
     access_log: bool = True  # one log line per request (uvicorn's access log)
     engine_restarts: int = 3  # engine process deaths tolerated within --engine-restart-window-s; one more exits 1
     engine_restart_window_s: float = 300.0  # the window those deaths are counted in
+    shutdown_timeout_s: float = 30.0  # on SIGTERM / Ctrl-C, requests in flight get this long to finish, then are cut
     request_cache: bool = True  # exact + semantic request caches in front of the engine
     cache: RequestCacheConfig = field(default_factory=_served_cache)
 
@@ -38,5 +39,7 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.max_queue < 1 or self.max_body_bytes < 1 or self.default_max_tokens < 1:
             raise ValueError("max_queue, max_body_bytes and default_max_tokens must be >= 1")
+        if not 0.0 <= self.shutdown_timeout_s < float("inf"):
+            raise ValueError(f"shutdown_timeout_s must be a finite number of seconds >= 0, got {self.shutdown_timeout_s}")
         if self.engine_restarts < 0 or not 0.0 < self.engine_restart_window_s < float("inf"):
             raise ValueError("engine_restarts must be >= 0 and engine_restart_window_s finite and > 0")

@@ -69,7 +69,8 @@ def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
         cache = build_cache(config.cache) if config.request_cache else None
         engine.wait_ready()
         server = uvicorn.Server(uvicorn.Config(create_app(engine, cache, auth=auth, config=config), host=config.host,
-                                               port=config.port, log_level="info", access_log=config.access_log))
+                                               port=config.port, log_level="info", access_log=config.access_log,
+                                               timeout_graceful_shutdown=config.shutdown_timeout_s))
         if not failure:
             server.run()
     finally:

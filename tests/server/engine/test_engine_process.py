@@ -200,3 +200,38 @@ def test_sigterm_while_the_engine_loads_stops_both_processes_at_once(tiny_chat_m
             server.kill()
             server.wait()
     assert all(wait_gone(pid, timeout=10) for pid in children), children      # no orphan left loading
+
+
+def test_sigterm_cuts_requests_still_running_after_the_shutdown_timeout(default_model_dir):
+    """Draining had no limit: 4 long requests held a stopped server for 93 s, and a second SIGTERM did not help."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "strata.server.cli", "serve", "--port", str(port),
+                               "--no-request-cache", "--model", str(default_model_dir), "--dtype", "fp32",
+                               "--kv-cache-memory", "64MiB", "--shutdown-timeout-s", "2"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        body = {"model": MODEL, "prompt": "Count:", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
+        worker = threading.Thread(target=lambda: httpx.post(url + "/v1/completions", json=body, timeout=120),
+                                  daemon=True)
+        worker.start()                  # ~2,000 decode steps: a minute of work on a CPU
+        time.sleep(2.0)
+        stopped = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+        assert time.monotonic() - stopped < 15, "the shutdown waited for the request to finish"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
