@@ -26,7 +26,7 @@ def create_app(engine: EngineClient, cache: RequestCache | None = None, *, auth:
     auth = auth or Auth()
     config = config or ServerConfig()
     completer = Completer(engine, cache, config)
-    metrics = Metrics(engine.stats, cache, completer.model_key)
+    metrics = Metrics(engine.stats, cache, completer.model_key, lambda: (engine.state, engine.restarts))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):

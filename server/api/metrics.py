@@ -20,9 +20,12 @@ TIERS = {"exact": "exact", "shared": "shared", "semantic": "serve", "semantic-si
 class Metrics:
     """Everything /metrics, /status and the load benchmark report, on a registry owned by one app."""
 
-    def __init__(self, engine_stats: Callable[[], dict], cache, model_key: str):
-        """engine_stats: the engine's counters (EngineClient.stats, the engine process's latest snapshot)."""
+    def __init__(self, engine_stats: Callable[[], dict], cache, model_key: str,
+                 engine_state: Callable[[], tuple[str, int]] = lambda: ("ok", 0)):
+        """engine_stats: the engine's counters (EngineClient.stats, the engine process's latest snapshot);
+        engine_state: its supervisor's state (ok | starting | failed | stopped) and restarts so far."""
         self.engine_stats, self.cache, self.model_key = engine_stats, cache, model_key
+        self.engine_state = engine_state
         self.registry = registry = CollectorRegistry()
         self.requests = Counter("strata_requests", "Completion choices (one per prompt and n) by endpoint, cache "
                                 "layer and HTTP status", ["endpoint", "cache_layer", "status"], registry=registry)
@@ -101,6 +104,12 @@ class _StateCollector:
 
     def collect(self):
         m = self.metrics
+        state, restarts = m.engine_state()
+        # the counters below are the latest snapshot: stale while the engine is down, from 0 again after a restart
+        yield GaugeMetricFamily("strata_engine_up", "1 while the engine process takes requests, 0 while it starts, "
+                                "restarts or has failed", value=float(state == "ok"))
+        yield CounterMetricFamily("strata_engine_restarts", "Engine process restarts after it died",
+                                  value=restarts)
         kv = m.engine_stats()
         blocks = GaugeMetricFamily("strata_kv_blocks", "KV cache blocks by state", labels=["state"])
         for state in ("used", "free", "cached", "total"):

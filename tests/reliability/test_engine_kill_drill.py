@@ -13,7 +13,8 @@ import time
 
 import httpx
 import pytest
-from helpers.http_server import hash_semantic, start_server
+from helpers.http_server import ADMIN, hash_semantic, start_server
+from prometheus_client.parser import text_string_to_metric_families
 
 from strata.server.engine.engine_client import RestartPolicy
 
@@ -65,6 +66,7 @@ def test_kill_in_flight_then_recover_within_30_s(tiny_chat_engine):
             health = http.get("/health")
             assert health.status_code == 503 and health.json()["status"] == "starting"
             assert "exit code -9" in health.json()["reason"] and "Traceback" not in health.text
+        assert engine_metrics(server) == (0.0, 0.0)          # /metrics says the engine is down too
 
         wait_for(lambda: engine.state == "ok", 30 - (time.monotonic() - killed_at), "engine back within 30 s")
         assert engine.process.pid != first_pid and engine.restarts == 1
@@ -74,7 +76,16 @@ def test_kill_in_flight_then_recover_within_30_s(tiny_chat_engine):
         with server.http(None) as http:
             body = http.get("/health").json()
         assert body["status"] == "ok" and body["engine_restarts"] == 1
+        assert engine_metrics(server) == (1.0, 1.0)
         assert server.idle_blocks(0) == 0
+
+
+def engine_metrics(server) -> tuple[float, float]:
+    """(strata_engine_up, strata_engine_restarts_total) as /metrics says."""
+    with server.http(ADMIN) as http:
+        samples = {s.name: s.value for f in text_string_to_metric_families(http.get("/metrics").text)
+                   for s in f.samples}
+    return samples["strata_engine_up"], samples["strata_engine_restarts_total"]
 
 
 def test_past_the_restart_budget_the_client_fails_for_good(tiny_chat_engine):
