@@ -43,5 +43,5 @@ def create_app(engine: EngineClient, cache: RequestCache | None = None, *, auth:
     app.include_router(openai_router(auth, completer, metrics, config.max_body_bytes))
     app.include_router(tokenize_router(auth, completer, config.max_body_bytes))
     app.include_router(admin_router(auth, completer, config.max_body_bytes))
-    app.include_router(ops_router(auth, engine, metrics, cache))
+    app.include_router(ops_router(auth, engine, metrics, cache, config.engine_stall_s))
     return app

@@ -16,7 +16,8 @@ from strata.server.engine.engine_client import EngineClient
 STATIC = Path(__file__).with_name("static")
 
 
-def ops_router(auth: Auth, engine: EngineClient, metrics: Metrics, cache: RequestCache | None) -> APIRouter:
+def ops_router(auth: Auth, engine: EngineClient, metrics: Metrics, cache: RequestCache | None,
+               stall_s: float = 120.0) -> APIRouter:
     """The status page's HTML and script are public (they hold no data); /status and /metrics carry traffic data
     and take the admin token when API keys are on (Auth.check_ops)."""
     router = APIRouter()
@@ -25,6 +26,10 @@ def ops_router(auth: Auth, engine: EngineClient, metrics: Metrics, cache: Reques
     def health_state() -> tuple[str, str | None]:
         """ok | degraded (serving, with a fault worth a look) | starting | failed, and a short reason."""
         state, reason = engine.state, engine.reason
+        stalled = engine.stalled_for()
+        if state == "ok" and stalled >= stall_s:
+            state, reason = "degraded", (f"the engine has reported no step for {stalled:.0f} s while "
+                                         f"{engine.num_pending} request(s) wait on it")
         if state == "ok" and cache is not None:
             cache_health = cache.health()
             if cache_health["status"] != "ok":

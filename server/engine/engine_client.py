@@ -188,6 +188,8 @@ class EngineClient:
         self.info: ModelInfo | None = None
         self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.snapshot: dict[str, float] = {}
+        self.last_update = time.monotonic()     # the engine's latest report (one per step)
+        self.busy_since = time.monotonic()      # when requests started waiting, after none did
         self.state = "starting"
         self.reason = "loading the model"        # why the state is what it is, in a few words (for /health)
         self.restarts = 0
@@ -272,6 +274,8 @@ class EngineClient:
         self.check_available()
         engine = self.current
         outputs: asyncio.Queue = asyncio.Queue()
+        if not self.streams:
+            self.busy_since = time.monotonic()
         self.streams[seq.request_id] = (asyncio.get_running_loop(), outputs)
         engine.send("add", seq)
         finished = False
@@ -294,9 +298,17 @@ class EngineClient:
 
     # ---- the engine process's side ---------------------------------------------------------------------
 
+    def stalled_for(self) -> float:
+        """Seconds the engine has reported nothing while requests wait on it (0 when none waits): a stopped or
+        wedged process, or a step far slower than any should be."""
+        if not self.streams or self.state != "ok":
+            return 0.0
+        return time.monotonic() - max(self.last_update, self.busy_since)
+
     def _on_update(self, update: EngineUpdate) -> None:
         """Reader thread: hand each update's outputs to their streams."""
         self.snapshot = update.stats
+        self.last_update = time.monotonic()
         self._deliver([(out.request_id, out) for out in update.outputs] +
                       [(request_id, RequestError(why)) for request_id, why in update.refused.items()])
 

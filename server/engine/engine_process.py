@@ -77,12 +77,12 @@ def engine_main(config: EngineConfig, commands, updates, num_threads: int) -> No
                 command, arg = commands.get_nowait()
         except queue.Empty:
             pass
-        outputs = []
-        if engine.has_unfinished():
+        outputs, stepped = [], engine.has_unfinished()
+        if stepped:
             try:
                 outputs = engine.step()
             except BaseException:
                 updates.send(EngineUpdate([], engine.stats(), refused, crash=traceback.format_exc()))
                 raise
-        if outputs or applied:
-            updates.send(EngineUpdate(outputs, engine.stats(), refused))
+        if outputs or applied or stepped:       # every step reports, a prefill chunk without output too: the
+            updates.send(EngineUpdate(outputs, engine.stats(), refused))    # server tells a slow step from a stall

@@ -16,6 +16,7 @@ import pytest
 from helpers.http_server import ADMIN, hash_semantic, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
+from strata.server.api.config import ServerConfig
 from strata.server.engine.engine_client import RestartPolicy
 
 pytestmark = [pytest.mark.http, pytest.mark.slow]
@@ -133,3 +134,32 @@ def test_strata_serve_exits_non_zero_when_the_engine_keeps_dying(tiny_chat_model
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_an_engine_that_stops_stepping_with_requests_waiting_is_reported(tiny_chat_engine):
+    """A stopped engine (SIGSTOP here; a wedged one alike) held requests with /health saying ok."""
+    with start_server(hash_semantic(), config=ServerConfig(engine_stall_s=3.0), engine=tiny_chat_engine) as server:
+        engine = server.app.state.completer.engine
+        os.kill(engine.process.pid, signal.SIGSTOP)
+        done = {}
+        try:
+            def waiting_request():
+                with server.http() as http:
+                    done["res"] = http.post("/v1/chat/completions", json=dict(LONG, model=server.model,
+                                                                              max_tokens=4))
+
+            worker = threading.Thread(target=waiting_request)
+            worker.start()
+            wait_for(lambda: engine.num_pending == 1, 10, "request sent")
+            with server.http(None) as http:
+                assert http.get("/health").json()["status"] == "ok"        # a moment is no stall yet
+                time.sleep(3.5)
+                health = http.get("/health").json()
+            assert health["status"] == "degraded" and "reported no step for" in health["reason"]
+            assert "1 request(s) wait" in health["reason"]
+        finally:
+            os.kill(engine.process.pid, signal.SIGCONT)
+        worker.join(timeout=60)
+        assert done["res"].status_code == 200
+        with server.http(None) as http:
+            assert http.get("/health").json()["status"] == "ok"
