@@ -295,6 +295,8 @@ class RequestCache:
     async def _semantic_hit(self, req: CacheRequest, key: RequestKey, decision: Decision, flight: Flight) -> Lookup | None:
         if not self.semantic.serves(key.text):
             self._stats.count("semantic.off")
+            if req.draft_answers:       # drafts are verified by the model: they need neighbours, not a certified bound
+                flight.embedding = await asyncio.to_thread(self.semantic.embed, key.text)
             return None
         flight.embedding, match, entry = await asyncio.to_thread(self._embed_and_search, key)
         if match is not None:

@@ -806,3 +806,16 @@ def test_a_miss_asked_for_drafts_gets_its_closest_unserved_answers_never_another
     plain = run(cache.lookup(chat("how long should bread dough rise")))
     assert plain.layer == "miss" and plain.drafts == ()
     plain.release()
+
+
+def test_a_language_not_served_semantically_still_gets_drafts():
+    """Audit: --speculative cache drafted nothing in English at the default bound, where English is not served;
+    drafts are verified by the model, so they need no certified threshold."""
+    semantic = FakeSemantic()
+    semantic.serves = lambda text: False
+    cache = make(semantic=semantic)
+    run(answer(cache, chat("how do I bake sourdough bread at home"), "ACME BREAD"))
+    lookup = run(cache.lookup(chat("how long should bread dough rise", draft_answers=2)))
+    assert lookup.layer == "miss" and lookup.drafts == ("ACME BREAD",)
+    lookup.release()
+    assert cache.stats()["counters"]["semantic"]["off"] == 2             # both lookups: no search, no hit
