@@ -92,6 +92,8 @@ class EngineProcess:
         self.on_update = on_update
         self.info: ModelInfo | None = None
         self.error: BaseException | None = None
+        self.spawned = time.monotonic()
+        self.load_s: float | None = None     # from the spawn to its ModelInfo: how long a start takes here
         self.ready = threading.Event()       # ModelInfo came, or the process is gone
         self.dead = threading.Event()
         self.stopping = False                # stop() was called: the reader takes EOF as asked for, start() refuses
@@ -108,6 +110,7 @@ class EngineProcess:
                 self.dead.set()
                 self.ready.set()
                 return
+            self.spawned = time.monotonic()
             self.process.start()
             self._child_end.close()          # so the reader sees EOF when the engine process dies
             self.reader.start()
@@ -163,6 +166,7 @@ class EngineProcess:
                     return
                 if update.info is not None:
                     self.info = update.info
+                    self.load_s = time.monotonic() - self.spawned
                     self.ready.set()
                 self.on_update(update)
         finally:
@@ -193,6 +197,8 @@ class EngineClient:
         self.state = "starting"
         self.reason = "loading the model"        # why the state is what it is, in a few words (for /health)
         self.restarts = 0
+        self.restart_at: float | None = None     # when the pending restart spawns its process
+        self.load_s: float | None = None         # how long the latest successful start took
         self.deaths: deque[float] = deque()
         self.wake = threading.Event()            # stop() interrupts a backoff
         self.current = EngineProcess(config, self.num_threads, self._on_update)
@@ -217,8 +223,13 @@ class EngineClient:
         return len(self.streams)
 
     def retry_after_s(self) -> float | None:
-        """When a refused client should try again: None once the engine will not come back."""
-        return None if self.state in ("failed", "stopped") else max(1.0, self._backoff())
+        """When a refused client should try again: None once the engine will not come back; while it restarts, the
+        backoff left plus how long the last start took (a restart took 6-11 s while 1 s was advised)."""
+        if self.state in ("failed", "stopped"):
+            return None
+        if self.state == "starting" and self.restart_at is not None:
+            return max(1.0, self.restart_at - time.monotonic() + (self.load_s or 0.0))
+        return max(1.0, self._backoff())
 
     def start(self) -> None:
         """Spawn the engine process, which builds the engine while the caller loads other things. The default model
@@ -245,6 +256,7 @@ class EngineClient:
             self.stop()
             raise error
         self.info = self.current.info
+        self.load_s = self.current.load_s
         self.inputs = InputProcessor(self.info, tokenizer)
         self.state, self.reason = "ok", ""
         self.supervisor.start()
@@ -328,6 +340,7 @@ class EngineClient:
                 self._give_up(f"{why}; {len(self.deaths)} engine deaths within {self.restart.window_s:.0f} s")
                 return
             self.state, self.reason = "starting", f"restarting after: {why}"
+            self.restart_at = now + self._backoff()
             self._fail_streams(EngineUnavailable(f"the engine process died ({why}); it is restarting",
                                                  self.retry_after_s()))
             if self.wake.wait(self._backoff()) or self.state == "stopped":
@@ -356,6 +369,7 @@ class EngineClient:
             engine.stop()
             return
         self.inputs.info = self.info = engine.info      # the KV capacity may differ with the memory free now
+        self.load_s, self.restart_at = engine.load_s, None
         self.restarts += 1
         self.state, self.reason = "ok", ""
         log.info("engine process restarted (%d restart(s) so far)", self.restarts)

@@ -61,6 +61,8 @@ def test_kill_in_flight_then_recover_within_30_s(tiny_chat_engine):
         with server.http() as http:
             refused = http.post("/v1/chat/completions", json=dict(long, max_tokens=4))
             assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+            # the backoff left and a start's length: not 1 s while a restart takes seconds more
+            assert engine.load_s > 0 and int(refused.headers["retry-after"]) >= round(engine.load_s)
             with http.stream("POST", "/v1/chat/completions", json=dict(long, stream=True)) as stream:
                 assert stream.status_code == 503        # up front: not 200 and an in-band error later
         with server.http(None) as http:
