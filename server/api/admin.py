@@ -86,13 +86,19 @@ def admin_router(auth: Auth, completer: Completer, max_body_bytes: int) -> APIRo
         target = cache()
         sampling = cache_sampling(temperature, max_tokens=max_tokens)
 
-        def parse_and_write() -> int:      # parsing megabytes and embedding: in a worker thread
-            return target.warmup(_jsonl_records(body), tenant=tenant, model=completer.model_key, sampling=sampling)
+        def parse_and_write() -> tuple[int, int, int]:     # parsing megabytes and embedding: in a worker thread
+            records = _jsonl_records(body)
+            failed = target.stats()["counters"].get("write", {}).get("failed", 0)
+            written = target.warmup(records, tenant=tenant, model=completer.model_key, sampling=sampling)
+            return len(records), written, target.stats()["counters"].get("write", {}).get("failed", 0) - failed
 
         try:
-            written = await asyncio.to_thread(parse_and_write)
+            records, written, failed = await asyncio.to_thread(parse_and_write)
         except ValueError as exc:
             raise APIError(400, f"warm-up body: {exc}", code="invalid_value") from None
-        return {"written": written}
+        if failed:          # a full disk answered 200 {"written": 1} for 300 records (audit)
+            raise APIError(503, f"{written} of {records} records written; the store failed ({target.faults.last})",
+                           code="store_unavailable")
+        return {"written": written, "records": records}
 
     return router

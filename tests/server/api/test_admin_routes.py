@@ -43,11 +43,21 @@ def test_invalidate_and_warmup_never_block_the_event_loop(tmp_path, caplog):
             gone = await http.post("/admin/cache/invalidate", json={"similar_to": "How do I open account type 1?",
                                                                      "min_similarity": 0.99})
             bad = await http.post("/admin/cache/warmup", content=b'{"question": "q"}\nnot json\n')
-        return warm, gone, bad
+            put, cache.store.put = cache.store.put, full_disk
+            try:
+                failed = await http.post("/admin/cache/warmup", content=faq)
+            finally:
+                cache.store.put = put
+        return warm, gone, bad, failed
+
+    def full_disk(entry):
+        raise OSError(28, "No space left on device")
 
     with caplog.at_level(logging.WARNING, logger="asyncio"):
-        warm, gone, bad = asyncio.run(go(), debug=True)
-    assert warm.json() == {"written": 3} and gone.json() == {"deleted": 1}
+        warm, gone, bad, failed = asyncio.run(go(), debug=True)
+    assert warm.json() == {"written": 3, "records": 3} and gone.json() == {"deleted": 1}
+    assert failed.status_code == 503 and failed.json()["error"]["code"] == "store_unavailable"    # was 200
+    assert failed.json()["error"]["message"].startswith("0 of 3 records written; the store failed (write: OSError")
     assert bad.status_code == 400 and "line 2" in bad.json()["error"]["message"]
     slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
     assert not slow, slow

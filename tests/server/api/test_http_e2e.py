@@ -174,7 +174,7 @@ def test_cache_control_and_body_modes(server):
 def test_warmup_then_exact_hit(server):
     faq = '{"question": "What are your opening hours?", "answer": "We are open 9 to 5.", "tags": ["faq"]}\n'
     res = admin(server, "/admin/cache/warmup?tenant=acme&max_tokens=8", content=faq)
-    assert res.status_code == 200 and res.json() == {"written": 1}
+    assert res.status_code == 200 and res.json() == {"written": 1, "records": 1}
     layer, _, out = ask(server, "What are your opening hours?")
     assert layer == "exact" and out.choices[0].message.content == "We are open 9 to 5."
 
