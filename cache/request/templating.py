@@ -13,8 +13,9 @@ _DYNAMIC_KINDS = PII_KINDS | {"date", "amount"}
 # What a question or answer says about a personal value itself (its meaning, length, spelling, gender, validity):
 # such an answer depends on the value, so it must not be refilled with another one ("Yes, Robert is a
 # traditionally female name"). Best effort, like the policy's lists; the answer-side check below backs it up.
-_PROPERTY = re.compile(r"(?i:\b(?:mean|means|meaning|letters|(?:first|last|which|what) letter|characters?|digits?|spell\w*|pronounc\w*|origins?|gender"
-                       r"|girls?|boys?|female|male|feminine|masculine|valid|invalid|real|fake|rhym\w*|translat\w*"
+_PROPERTY = re.compile(r"(?i:\b(?:mean|means|meaning|letters|(?:first|last|which|what) letter|characters?|digits?"
+                       r"|spell\w*|pronounc\w*|origins?|gender|girls?|boys?|female|male|feminine|masculine"
+                       r"|valid|invalid|real|fake|rhym\w*|translat\w*"
                        r"|nicknames?|popular|common|rare|unique|short for|stands? for|anagrams?|revers\w*|syllables?"
                        r"|upper ?case|lower ?case|how long)\b)"
                        r"|意思|含义|寓意|几个字|多少个字|笔画|怎么读|读音|拼音|男孩|女孩|男名|女名|男生|女生|有效|真假|多长")
