@@ -68,6 +68,7 @@ def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
         engine.start()
         cache = build_cache(config.cache) if config.request_cache else None
         engine.wait_ready()
+        exit_if_signalled()
         server = uvicorn.Server(uvicorn.Config(create_app(engine, cache, auth=auth, config=config), host=config.host,
                                                port=config.port, log_level="info", access_log=config.access_log,
                                                timeout_graceful_shutdown=config.shutdown_timeout_s))
@@ -79,11 +80,25 @@ def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
         raise EngineFailed(f"the engine failed for good: {failure[0]}")
 
 
+_SIGNALLED: list[int] = []      # SIGTERMs received before uvicorn took the signal over
+
+
 def exit_on_sigterm() -> None:
     """SIGTERM raises SystemExit until uvicorn installs its own handlers, so a stop during startup still runs the
     `finally` that stops the engine process (the default action would leave it loading, orphaned)."""
+    def stop(signum, frame) -> None:
+        _SIGNALLED.append(signum)
+        sys.exit(128 + signum)
+
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        signal.signal(signal.SIGTERM, stop)
+
+
+def exit_if_signalled() -> None:
+    """A SIGTERM whose SystemExit was swallowed (raised inside a __del__, "Exception ignored", or an import that
+    wrapped it) still stops the start: the server went on to serve once in 17 tries."""
+    if _SIGNALLED:
+        sys.exit(128 + _SIGNALLED[0])
 
 
 def restart_policy(config: ServerConfig) -> RestartPolicy:
