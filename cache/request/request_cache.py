@@ -126,7 +126,7 @@ class RequestCache:
         self.rng = rng or random.Random()
         self.policy = policy or Policy.load(config.policy_rules, temperature_rule=config.temperature_rule,
                                             default_temperature=config.default_temperature)
-        self.store = store if store is not None else self._open_store(config)
+        self.store = store if store is not None else self.open_store(config)
         self.shared: RedisStore | None = self.store if hasattr(self.store, "follow") else None
         memory = (LRU if self.shared is None else TinyLFU)(config.memory_max_entries, config.memory_max_bytes, clock)
         self.exact = ExactCache(self.store, memory, clock)
@@ -148,7 +148,8 @@ class RequestCache:
             self.shared.follow(self)        # the first sync (index from SCAN) runs here when Redis answers
 
     @staticmethod
-    def _open_store(config: RequestCacheConfig) -> Store:
+    def open_store(config: RequestCacheConfig) -> Store:
+        """The store a config names: SQLite (config.db; None = in memory) or Redis (config.redis)."""
         if config.redis is None:
             return SQLiteStore(config.db, reset=config.db_reset, max_bytes=config.max_bytes,
                                tenant_max_share=config.tenant_max_share)

@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -28,7 +27,8 @@ def build_cache(config: RequestCacheConfig) -> RequestCache:
     """The request cache a config describes; a semantic layer that cannot load degrades to exact-only, loudly, unless
     the operator named a calibration file: then ValueError, as serving without the file they chose is not what they
     asked for."""
-    semantic = None
+    store = RequestCache.open_store(config)     # first: a file held by another server is refused in a moment, not
+    semantic = None                             # after the embedders load
     if config.semantic:
         from strata.cache.request.semantic import SemanticCache
 
@@ -36,11 +36,10 @@ def build_cache(config: RequestCacheConfig) -> RequestCache:
             semantic = SemanticCache.from_config(config)
         except (OSError, KeyError, ValueError) as exc:
             if config.semantic_calibration:
+                store.close()
                 raise ValueError(f"--semantic-calibration {config.semantic_calibration}: {exc}") from None
             log.warning("semantic cache off (%s: %s); serving with the exact layer only", type(exc).__name__, exc)
-    if config.db and not config.redis:
-        Path(config.db).parent.mkdir(parents=True, exist_ok=True)
-    return RequestCache(config, semantic=semantic)
+    return RequestCache(config, semantic=semantic, store=store)
 
 
 class EngineFailed(RuntimeError):

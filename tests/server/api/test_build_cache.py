@@ -17,3 +17,21 @@ def test_a_named_calibration_file_that_does_not_load_stops_the_start(tmp_path, n
 def test_without_a_named_file_a_semantic_layer_that_cannot_load_degrades(caplog):
     cache = build_cache(RequestCacheConfig(db=None, embedder="no-such-embedder"))
     assert cache.semantic is None and "semantic cache off" in caplog.text
+
+
+def test_a_store_held_by_another_server_is_refused_before_the_embedders_load(tmp_path, monkeypatch):
+    from strata.cache.request.semantic import SemanticCache
+
+    first = build_cache(RequestCacheConfig(db=str(tmp_path / "c.db"), embedder="none"))
+    loaded = []
+    monkeypatch.setattr(SemanticCache, "from_config", classmethod(lambda cls, config: loaded.append(config)))
+    try:
+        with pytest.raises(ValueError, match="in use by pid"):
+            build_cache(RequestCacheConfig(db=str(tmp_path / "c.db")))
+        assert not loaded                               # seconds of embedder loading, then the refusal: no more
+    finally:
+        first.close()
+        monkeypatch.undo()
+    with pytest.raises(ValueError, match="--semantic-calibration"):     # a start refused later gives the file up
+        build_cache(RequestCacheConfig(db=str(tmp_path / "c.db"), semantic_calibration=str(tmp_path / "no.npz")))
+    build_cache(RequestCacheConfig(db=str(tmp_path / "c.db"), embedder="none")).close()
