@@ -106,6 +106,15 @@ class _Write:
     meta: AnswerMeta | None = None
     flight: Flight | None = None            # kept joinable until this write lands
     leased: bool = False                    # the cross-replica lease is given back once this write is done
+    failed: bool = False                    # the store refused it (a fault, not a policy skip)
+
+
+class WarmupIncomplete(RuntimeError):
+    """The store failed while a warm-up wrote: `written` of `records` landed."""
+
+    def __init__(self, written: int, records: int, fault: str):
+        super().__init__(f"{written} of {records} records written; the store failed ({fault})")
+        self.written, self.records = written, records
 
 
 class RequestCache:
@@ -492,6 +501,7 @@ class RequestCache:
             except Exception as exc:
                 self.faults.report("write", exc)
                 self._stats.count("write.failed")
+                job.failed = True
                 return False
             self._forget([entry_id for entry_id, _ in evicted])
             for _, reason in evicted:
@@ -630,7 +640,8 @@ class RequestCache:
 
         Entries are keyed as a single-turn user question with `sampling` (default {"temperature": 0}); records the
         policy bypasses are skipped. Every record is checked before any is written (ValueError "record N: ...").
-        Returns how many were written. Embeds and writes: call it off the event loop.
+        Returns how many were written; WarmupIncomplete when the store failed on some. Embeds and writes: call it off
+        the event loop.
         """
         jobs = []
         for n, row in enumerate(records, 1):
@@ -656,7 +667,10 @@ class RequestCache:
                 self._stats.count(f"warmup.skipped_{decision.reason}")
                 continue
             jobs.append(_Write(key, decision, row["answer"], tuple(tags), self.generation))
-        return sum(self._write(job) for job in jobs)
+        written = sum(self._write(job) for job in jobs)
+        if any(job.failed for job in jobs):
+            raise WarmupIncomplete(written, n, self.faults.last)     # n: a failed job means records were read
+        return written
 
     # ---- observability and lifecycle ----------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import json
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from strata.cache.request.request_cache import WarmupIncomplete
 from strata.server.api.auth import DEFAULT_TENANT, Auth
 from strata.server.api.body import MAX_DEPTH, check_values, parse_body, read_body
 from strata.server.api.errors import APIError
@@ -86,19 +87,16 @@ def admin_router(auth: Auth, completer: Completer, max_body_bytes: int) -> APIRo
         target = cache()
         sampling = cache_sampling(temperature, max_tokens=max_tokens)
 
-        def parse_and_write() -> tuple[int, int, int]:     # parsing megabytes and embedding: in a worker thread
+        def parse_and_write() -> tuple[int, int]:      # parsing megabytes and embedding: in a worker thread
             records = _jsonl_records(body)
-            failed = target.stats()["counters"].get("write", {}).get("failed", 0)
-            written = target.warmup(records, tenant=tenant, model=completer.model_key, sampling=sampling)
-            return len(records), written, target.stats()["counters"].get("write", {}).get("failed", 0) - failed
+            return target.warmup(records, tenant=tenant, model=completer.model_key, sampling=sampling), len(records)
 
         try:
-            records, written, failed = await asyncio.to_thread(parse_and_write)
+            written, records = await asyncio.to_thread(parse_and_write)
         except ValueError as exc:
             raise APIError(400, f"warm-up body: {exc}", code="invalid_value") from None
-        if failed:          # a full disk answered 200 {"written": 1} for 300 records (audit)
-            raise APIError(503, f"{written} of {records} records written; the store failed ({target.faults.last})",
-                           code="store_unavailable")
+        except WarmupIncomplete as exc:     # a full disk answered 200 {"written": 1} for 300 records (audit)
+            raise APIError(503, str(exc), code="store_unavailable") from None
         return {"written": written, "records": records}
 
     return router
