@@ -53,19 +53,13 @@ class EngineConfig:
     speculative_policy: str = "cost"  # cost: verify only draft tokens whose acceptance pays for their row, priced from the engine's own step times | always: every draft the step's budget allows
 
     def __post_init__(self) -> None:
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"unknown dtype {self.dtype!r}; choose auto, {', '.join(DTYPES)}")
-        if self.kv_dtype != "auto" and self.kv_dtype not in KV_DTYPES:
-            raise ValueError(f"unknown kv_dtype {self.kv_dtype!r}; choose auto, {', '.join(KV_DTYPES)}")
-        if self.load_format not in LOAD_FORMATS:
-            raise ValueError(f"unknown load_format {self.load_format!r}; choose one of {', '.join(LOAD_FORMATS)}")
-        if self.attention_backend not in BACKENDS:
-            raise ValueError(f"unknown attention_backend {self.attention_backend!r}; "
-                             f"choose one of {', '.join(BACKENDS)}")
+        for name, choices in (("dtype", ("auto", *DTYPES)), ("kv_dtype", ("auto", *KV_DTYPES)),
+                              ("load_format", LOAD_FORMATS), ("attention_backend", BACKENDS),
+                              ("quantization", QUANTIZATIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(choices)}")
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]+)?", self.device):
             raise ValueError(f"unknown device {self.device!r}; choose auto, cpu, cuda or cuda:N")
-        if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"unknown quantization {self.quantization!r}; choose one of {', '.join(QUANTIZATIONS)}")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
         if self.max_num_seqs <= 0 or self.max_num_batched_tokens < self.max_num_seqs:
