@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 
-import httpx
 import pytest
+from helpers.cli_server import start_cli_server, wait_healthy
 from helpers.http_server import ADMIN, hash_semantic, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -110,22 +108,11 @@ def test_past_the_restart_budget_the_client_fails_for_good(tiny_chat_engine):
 
 def test_strata_serve_exits_non_zero_when_the_engine_keeps_dying(tiny_chat_model_dir):
     """With --engine-restarts 0 the first engine death stops the server with exit status 1 (for systemd/k8s)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "strata.server.cli", "serve", "--port", str(port),
-                               "--no-request-cache", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
-                               "--kv-cache-memory", "64MiB", "--num-threads", "1", "--engine-restarts", "0"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    server, url = start_cli_server("--no-request-cache", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
+                                   "--kv-cache-memory", "64MiB", "--num-threads", "1", "--engine-restarts", "0",
+                                   stderr=subprocess.PIPE)
     try:
-        def healthy():
-            assert server.poll() is None, "strata serve exited before it served"
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(healthy, 300, "strata serve up")
+        wait_healthy(server, url, 300)
         engine_pid = int(open(f"/proc/{server.pid}/task/{server.pid}/children").read().split()[-1])
         os.kill(engine_pid, signal.SIGKILL)
         killed = time.monotonic()

@@ -7,7 +7,6 @@ import asyncio
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers.cli_server import start_cli_server, wait_healthy
 from helpers.http_server import MODEL, ask, hash_semantic, start_server
 
 from strata.server.engine.config import EngineConfig
@@ -145,22 +145,10 @@ def test_an_engine_stopped_twice_or_before_it_starts_stays_down_and_raises_nothi
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 def test_engine_process_exits_when_the_server_is_killed(tiny_chat_model_dir):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "strata.server.cli", "serve", "--port", str(port),
-                               "--no-request-cache", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
-                               "--kv-cache-memory", "64MiB", "--num-threads", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, url = start_cli_server("--no-request-cache", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
+                                   "--kv-cache-memory", "64MiB", "--num-threads", "1")
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert server.poll() is None and time.monotonic() < deadline, "strata serve did not start"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
+        wait_healthy(server, url, 300)
         children = [int(pid) for pid in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()]
         assert children                               # the engine process (and multiprocessing's helper)
     finally:
@@ -204,24 +192,10 @@ def test_sigterm_while_the_engine_loads_stops_both_processes_at_once(tiny_chat_m
 
 def test_sigterm_cuts_requests_still_running_after_the_shutdown_timeout(default_model_dir):
     """Draining had no limit: 4 long requests held a stopped server for 93 s, and a second SIGTERM did not help."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "strata.server.cli", "serve", "--port", str(port),
-                               "--no-request-cache", "--model", str(default_model_dir), "--dtype", "fp32",
-                               "--kv-cache-memory", "64MiB", "--shutdown-timeout-s", "2"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_cli_server("--no-request-cache", "--model", str(default_model_dir), "--dtype", "fp32",
+                                   "--kv-cache-memory", "64MiB", "--shutdown-timeout-s", "2")
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(server, url, 120)
         body = {"model": MODEL, "prompt": "Count:", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
         worker = threading.Thread(target=lambda: httpx.post(url + "/v1/completions", json=body, timeout=120),
                                   daemon=True)
