@@ -67,12 +67,8 @@ class RequestCacheConfig:
             raise ValueError(f"temperature_rule must be one of {TEMPERATURE_RULES}, got {self.temperature_rule!r}")
         if self.redis_queue_size < 1 or self.redis_stream_len < 1:
             raise ValueError("redis_queue_size and redis_stream_len must be >= 1")
-        for name in ("redis_timeout_s", "lease_s", "follow_timeout_s", "miss_window_s"):   # written as ranges: NaN fails
-            if not 0.0 < getattr(self, name) < float("inf"):
-                raise ValueError(f"{name} must be a finite number of seconds > 0, got {getattr(self, name)}")
-        for name in ("lease_wait_s", "negative_ttl_s"):
-            if not 0.0 <= getattr(self, name) < float("inf"):
-                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {getattr(self, name)}")
+        check_seconds(self, positive=("redis_timeout_s", "lease_s", "follow_timeout_s", "miss_window_s"),
+                      non_negative=("lease_wait_s", "negative_ttl_s"))
         if not 0.0 <= self.default_temperature <= 2.0:
             raise ValueError(f"default_temperature must be in [0, 2] as a request's, got {self.default_temperature}")
         if self.review_size < 0 or not -1.0 <= self.review_below <= 1.0:
@@ -85,3 +81,12 @@ class RequestCacheConfig:
             raise ValueError("semantic_top_k, semantic_rerank, hnsw_min_size and embed_cache_size must be >= 1")
         if not 0.0 < self.semantic_max_error < 1.0:
             raise ValueError(f"semantic_max_error must be in (0, 1), got {self.semantic_max_error}")
+
+
+def check_seconds(config: object, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+    """Durations of a config: finite, and > 0 (or >= 0). Written as ranges, so NaN fails too (NaN <= 0 is False)."""
+    for names, low_ok in ((positive, False), (non_negative, True)):
+        for name in names:
+            value = getattr(config, name)
+            if not (0.0 <= value if low_ok else 0.0 < value) or not value < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds {'>=' if low_ok else '>'} 0, got {value}")

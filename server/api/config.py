@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from strata.cache.request.config import RequestCacheConfig
+from strata.cache.request.config import RequestCacheConfig, check_seconds
 
 DEFAULT_CACHE_DB = ".strata/request_cache.db"
 
@@ -40,9 +40,6 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.max_queue < 1 or self.max_body_bytes < 1 or self.default_max_tokens < 1:
             raise ValueError("max_queue, max_body_bytes and default_max_tokens must be >= 1")
-        if not 0.0 < self.engine_stall_s < float("inf"):
-            raise ValueError(f"engine_stall_s must be a finite number of seconds > 0, got {self.engine_stall_s}")
-        if not 0.0 <= self.shutdown_timeout_s < float("inf"):
-            raise ValueError(f"shutdown_timeout_s must be a finite number of seconds >= 0, got {self.shutdown_timeout_s}")
+        check_seconds(self, positive=("engine_stall_s",), non_negative=("shutdown_timeout_s",))
         if self.engine_restarts < 0 or not 0.0 < self.engine_restart_window_s < float("inf"):
             raise ValueError("engine_restarts must be >= 0 and engine_restart_window_s finite and > 0")
