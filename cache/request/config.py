@@ -85,8 +85,9 @@ class RequestCacheConfig:
 
 def check_seconds(config: object, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
     """Durations of a config: finite, and > 0 (or >= 0). Written as ranges, so NaN fails too (NaN <= 0 is False)."""
-    for names, low_ok in ((positive, False), (non_negative, True)):
+    for names, zero_ok in ((positive, False), (non_negative, True)):
         for name in names:
             value = getattr(config, name)
-            if not (0.0 <= value if low_ok else 0.0 < value) or not value < float("inf"):
-                raise ValueError(f"{name} must be a finite number of seconds {'>=' if low_ok else '>'} 0, got {value}")
+            above_zero = value >= 0.0 if zero_ok else value > 0.0
+            if not (above_zero and value < float("inf")):
+                raise ValueError(f"{name} must be a finite number of seconds {'>=' if zero_ok else '>'} 0, got {value}")
