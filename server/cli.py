@@ -93,7 +93,7 @@ def calibrate(
     from strata.cache.request.cross_encoder import shared_cross_encoder
     from strata.server.bench.data_files import datasets_dir
     from strata.server.tuning.calibrate import score_pairs, write
-    from strata.server.tuning.pairs import load_pairs
+    from strata.server.tuning.pairs import SPLIT_NAMES, load_pairs
     from strata.server.tuning.pairs import shared_split as load_split
 
     try:
@@ -102,7 +102,7 @@ def calibrate(
         if out.is_dir():
             raise ValueError(f"--out {out} is a directory: name the calibration file to write")
         if shared_split is not None:
-            if shared_split not in ("train", "calib", "val") or pairs:
+            if shared_split not in SPLIT_NAMES or pairs:
                 raise ValueError("--shared-split takes train, calib or val, and no --pairs")
             rows, source = load_split(datasets_dir(datasets), shared_split), f"shared data sets, {shared_split} split"
         elif pairs:

@@ -195,9 +195,10 @@ def bench_cache_quality(
     """Semantic-cache quality: each pair alone (the serve decision: hit rate, precision, false hits, per language
     and tier, and the best any threshold reaches), and the full-cache protocol."""
     from strata.server.bench.cache_quality import run_cache_quality
+    from strata.server.tuning.pairs import SPLIT_NAMES
 
     try:
-        if split not in (None, "train", "calib", "val"):
+        if split is not None and split not in SPLIT_NAMES:
             raise ValueError(f"--split takes train, calib or val, got {split!r}")
         result = run_cache_quality(pairs, bypass, cache, split, datasets, full_cache)
     except (ValueError, FileNotFoundError, KeyError) as exc:

@@ -24,6 +24,7 @@ SHARED_FILES = (
 )
 MAX_PAIR_CHARS = 20_000     # both texts of a pair together (the shared sets' longest is 1,906)
 SPLITS = (("train", 0.6), ("calib", 0.8), ("val", 1.0))      # cumulative upper bounds of the component hash
+SPLIT_NAMES = tuple(name for name, _ in SPLITS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,5 +126,7 @@ def split_of(pairs: list[Pair]) -> list[str]:
 
 def shared_split(datasets: Path, split: str) -> list[Pair]:
     """One split of the shared files, computed over all of them at once (a sentence two files share stays in one)."""
+    if split not in SPLIT_NAMES:            # else an empty list, as if the split held nothing
+        raise ValueError(f"split must be one of {', '.join(SPLIT_NAMES)}, got {split!r}")
     pairs = load_shared(datasets)
     return [p for p, s in zip(pairs, split_of(pairs), strict=True) if s == split]
