@@ -77,11 +77,14 @@ class Scheduler:
             if seq in scheduled or budget <= 0 or seq.status is not SequenceStatus.RUNNING:
                 continue
             budget -= self._schedule_chunk(seq, budget, batch, scheduled)
-        # 3. Swapped sequences come back before new ones, oldest first.
+        # 3. Swapped sequences come back before new ones, oldest first, once every block they swapped out (a
+        # prompt's whole table when preempted mid-prefill) and room for their next token are free. With nothing
+        # running the reserve is theirs too: a victim held at most all blocks but one, so alone it always fits.
         while self.swapped and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.swapped[0]
-            need = self.blocks.blocks_needed(seq.num_computed_tokens + 1)
-            if need > self.blocks.num_free_blocks - self.watermark:
+            need = max(len(seq.swap_slots), self.blocks.blocks_needed(seq.num_computed_tokens + 1))
+            reserve = self.watermark if self.running else 0
+            if need > self.blocks.num_free_blocks - reserve:
                 break
             self.swapped.pop(0)
             self._swap_in(seq, batch)
@@ -99,8 +102,11 @@ class Scheduler:
                     continue
                 break
             self.waiting.popleft()
-            seq.num_cached_tokens = self.blocks.allocate(seq, len(seq.token_ids), reuse)
-            seq.num_computed_tokens = seq.num_cached_tokens
+            hits = self.blocks.allocate(seq, len(seq.token_ids), reuse)
+            if not seq.admitted:     # usage reports the prompt's cache hits at the first admission, not a recompute's
+                seq.num_cached_tokens = hits
+                seq.admitted = True
+            seq.num_computed_tokens = hits
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= self._schedule_chunk(seq, budget, batch, scheduled)

@@ -30,7 +30,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0     # prompt tokens found in the prefix cache when first admitted (usage reports it)
+    admitted: bool = False         # admitted once: a recompute after a preemption leaves num_cached_tokens as it was
     block_hashes: list[int] = field(default_factory=list)   # prefix-cache chain hashes of its full blocks
     num_hashed_blocks: int = 0
     swap_slots: list[int] = field(default_factory=list)
