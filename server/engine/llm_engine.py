@@ -277,9 +277,11 @@ class LLMEngine:
         return released
 
     def _truncate_at_stop(self, seq: Sequence, new_text: str) -> bool:
-        """Cut the output at the first stop string in the newest text (after it with include_stop_str_in_output)."""
-        window_start = max(0, len(seq.output_text) - len(new_text) - max(len(s) for s in seq.params.stop))
-        hits = [(i, len(s)) for s in seq.params.stop if (i := seq.output_text.find(s, window_start)) != -1]
+        """Cut the output at the first stop string that the newest text completes (after it with
+        include_stop_str_in_output). One that ended in older text was completed before min_tokens: it does not count."""
+        new_start = len(seq.output_text) - len(new_text)
+        hits = [(i, len(s)) for s in seq.params.stop
+                if (i := seq.output_text.find(s, max(0, new_start - len(s) + 1))) != -1]
         if not hits:
             return False
         start, length = min(hits)
@@ -312,7 +314,8 @@ class LLMEngine:
             ttft_s=None if seq.first_token_time is None else seq.first_token_time - seq.arrival_time,
             error=seq.error,
             new_logprobs=new_logprobs or [],
-            prompt_logprobs=seq.prompt_logprobs if new_tokens and seq.num_output_tokens == 1 else None,
+            # with the first output tokens (several when a draft was verified in the prompt's last step)
+            prompt_logprobs=seq.prompt_logprobs if new_tokens and seq.num_output_tokens == len(new_tokens) else None,
             spec=seq.spec.summary(),
         )
 

@@ -131,6 +131,14 @@ def test_streamed_text_never_shows_what_a_stop_string_cuts(default_model_dir):
     assert streamed(engine, question, SamplingParams(temperature=0, max_tokens=64, stop=[stop])) == (cut, cut)
     kept = SamplingParams(temperature=0, max_tokens=64, stop=[stop], include_stop_str_in_output=True)
     assert streamed(engine, question, kept) == (cut + stop, cut + stop)
+    # completed before min_tokens, the stop string does not count later either: the answer is the one without it
+    tokens = engine.generate([question], SamplingParams(temperature=0, max_tokens=64), chat=True)[0].token_ids
+    completed_at = next(k for k in range(1, len(tokens) + 1) if stop in engine.tokenizer.decode(tokens[:k]))
+    unstopped = engine.generate([question], SamplingParams(temperature=0, max_tokens=64, min_tokens=completed_at + 1),
+                                chat=True)[0].text
+    assert unstopped.count(stop) == 1
+    late = SamplingParams(temperature=0, max_tokens=64, stop=[stop], min_tokens=completed_at + 1)
+    assert streamed(engine, question, late) == (unstopped, unstopped)
     assert all_blocks_free(engine)
 
 

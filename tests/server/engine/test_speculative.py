@@ -106,6 +106,38 @@ def test_greedy_outputs_with_drafts_equal_outputs_without(engines, model, mode):
     assert all_free(engine)
 
 
+def first_output(engine: LLMEngine, prompt: list[int], params: SamplingParams):
+    """The first step output of one request that carries tokens; the request is then aborted."""
+    request_id = engine.add_request(prompt, params)
+    outs = []
+    while not any(o.new_token_ids for o in outs):
+        outs += [o for o in engine.step() if o.request_id == request_id]
+    engine.abort(request_id)
+    return next(o for o in outs if o.new_token_ids)
+
+
+def test_prompt_logprobs_come_with_a_first_output_that_is_a_verified_draft(engines):
+    """The prompt's last token left to a step of its own (chunked prefill), whose draft is accepted: the first
+    output carries several tokens, and the prompt's logprobs with them (they were dropped: 6 of 71 entries)."""
+    prompt = PROMPTS[2]
+    engine = engines(max_num_batched_tokens=len(prompt) - 1, max_num_seqs=4)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1, prompt_logprobs=1)
+    engine.drafter = None
+    plain = first_output(engine, prompt, params)
+    assert len(plain.new_token_ids) == 1 and len(plain.prompt_logprobs) == len(prompt)
+    engine.drafter = OracleDrafts({tuple(prompt): engine.generate([prompt], GREEDY)[0].token_ids}, "right")
+    try:
+        drafted = first_output(engine, prompt, params)
+    finally:
+        engine.drafter = None
+    assert len(drafted.new_token_ids) > 1
+    assert drafted.prompt_logprobs is not None
+    assert [lp.token_id for lp in drafted.prompt_logprobs] == [lp.token_id for lp in plain.prompt_logprobs]
+    assert [lp.logprob for lp in drafted.prompt_logprobs[1:]] == pytest.approx(
+        [lp.logprob for lp in plain.prompt_logprobs[1:]], abs=1e-4)
+    assert all_free(engine)
+
+
 @pytest.mark.parametrize("settings", [
     dict(attention_backend="torch"),
     dict(kv_dtype="int8"),
