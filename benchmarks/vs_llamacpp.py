@@ -3,8 +3,9 @@
 Builds nothing: pass a `llama-server` binary (see docs/benchmarks.md for the build used) and the GGUF it serves.
 Each server runs alone on the machine while it is measured (strata first, then llama.cpp), with 1, 4 and 16
 concurrent clients sending raw-text completions (temperature 0, ignore_eos, Strata's response cache bypassed with
-`Cache-Control: no-cache, no-store`). Prints JSON: tokens/s per workload and server, their ratio, and how far the
-two servers' outputs agree (token texts, up to each pair's first difference).
+`Cache-Control: no-cache, no-store`). Prints JSON: tokens/s per workload and server, their ratio, how far the
+two servers' outputs agree (token texts, up to each pair's first difference), and each server's CPU milliseconds per
+generated token, per process (on a shared machine the CPU a token costs moves less than the tokens a second do).
 
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/vs_llamacpp.py --llama-server /path/llama-server \
         --gguf /path/SmolLM2-135M-Instruct.F16.gguf --serve-args "--quantization f16" --out result.json
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import psutil
 from guidellm_summary import figures as guidellm_figures
 from launch import free_port, running
 
@@ -38,6 +40,32 @@ from strata.models.default_model import default_model_dir
 from strata.server.bench.kv import cpu_isa, cpu_name
 
 PROMPTS = json.loads((Path(__file__).parents[1] / "server/bench/data/int8_prompts.json").read_text())["raw"]
+
+
+def cpu_seconds(pid: int) -> dict[str, float]:
+    """User + system CPU seconds of a process and each of its descendants, keyed by role (the command's first words)."""
+    root = psutil.Process(pid)
+    seconds: dict[str, float] = {}
+    for proc in (root, *root.children(recursive=True)):
+        try:
+            times = proc.cpu_times()
+            role = "server" if proc.pid == pid else " ".join(proc.cmdline()[-2:])[-60:]
+        except psutil.Error:     # gone between the listing and the read
+            continue
+        seconds[role] = seconds.get(role, 0.0) + times.user + times.system
+    return seconds
+
+
+def measured_load(pid: int, url: str, model: str, clients: int, requests: int,
+                  max_tokens: int) -> tuple[dict, list[str]]:
+    """run_load, with the server's CPU milliseconds per generated token added, per process of its tree."""
+    before = cpu_seconds(pid)
+    figures, texts = asyncio.run(run_load(url, model, clients, requests, max_tokens))
+    after = cpu_seconds(pid)
+    tokens = max(figures["completion_tokens"], 1)
+    per_process = {role: round(1000 * (spent - before.get(role, 0.0)) / tokens, 3) for role, spent in after.items()}
+    figures["cpu_ms_per_token"] = {"total": round(sum(per_process.values()), 3), "per_process": per_process}
+    return figures, texts
 
 
 async def run_load(url: str, model: str, clients: int, requests: int, max_tokens: int) -> tuple[dict, list[str]]:
@@ -154,9 +182,9 @@ def main() -> None:
              "-np", "16", "-c", str(16 * 1024), "--cache-reuse", "0", "--no-webui"]
     for name, cmd, health in (("strata", strata, "/health"), ("llama.cpp", llama, "/health")):
         url = f"http://127.0.0.1:{port}"
-        with running(cmd, url, health):
+        with running(cmd, url, health) as server:
             asyncio.run(run_load(url, model, 1, 1, 4))                  # warm-up
-            runs[name] = {c: asyncio.run(run_load(url, model, c, c * args.requests_per_client, args.max_tokens))
+            runs[name] = {c: measured_load(server.pid, url, model, c, c * args.requests_per_client, args.max_tokens)
                           for c in args.clients}
             if guidellm:
                 stem = args.out.stem if args.out else "vs_llamacpp"
@@ -166,6 +194,8 @@ def main() -> None:
         ours, theirs = runs["strata"][c], runs["llama.cpp"][c]
         result["workloads"].append({"clients": c, "strata": ours[0], "llama.cpp": theirs[0],
                                     "ratio_strata_over_llamacpp": round(ours[0]["tok_s"] / theirs[0]["tok_s"], 3),
+                                    "cpu_per_token_ratio_llamacpp_over_strata": round(
+                                        theirs[0]["cpu_ms_per_token"]["total"] / ours[0]["cpu_ms_per_token"]["total"], 3),
                                     "outputs": agreement(ours[1], theirs[1])})
     if guidellm_runs:
         ours, theirs = guidellm_runs["strata"], guidellm_runs["llama.cpp"]

@@ -81,7 +81,8 @@ def test_bad_blocks_are_refused_clearly():
 
 @pytest.mark.parametrize("out_features", [4, 130, 577])
 def test_f16_rows_widened_in_registers_match_the_reference_at_every_batch_size(out_features):
-    """The fp16 kernel's tiles per batch size (1, 2, 3, 4 rows, then 4 at a time) and a last partial weight tile."""
+    """The fp16 kernel per batch size (the row stream up to 16 rows, 3 x 4 tiles in blocks of 16 weight rows above) and a
+    last partial weight tile."""
     torch.manual_seed(out_features)
     linear = nn.Linear(576, out_features, bias=False).requires_grad_(False)
     layer = CompactLinear.from_linear(linear, "f16")
