@@ -43,15 +43,23 @@ PROMPTS = json.loads((Path(__file__).parents[1] / "server/bench/data/int8_prompt
 
 
 def cpu_seconds(pid: int) -> dict[str, float]:
-    """User + system CPU seconds of a process and each of its descendants, keyed by role (the command's first words)."""
+    """User + system CPU seconds of a process and each of its descendants, keyed by role."""
     root = psutil.Process(pid)
     seconds: dict[str, float] = {}
     for proc in (root, *root.children(recursive=True)):
         try:
             times = proc.cpu_times()
-            role = "server" if proc.pid == pid else " ".join(proc.cmdline()[-2:])[-60:]
+            command = " ".join(proc.cmdline())
         except psutil.Error:     # gone between the listing and the read
             continue
+        if proc.pid == pid:
+            role = "server"
+        elif "resource_tracker" in command:
+            role = "resource tracker"
+        elif "multiprocessing" in command:
+            role = "spawned process (the engine)"
+        else:
+            role = proc.name()
         seconds[role] = seconds.get(role, 0.0) + times.user + times.system
     return seconds
 
