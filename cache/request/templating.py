@@ -10,6 +10,7 @@ from strata.cache.request.pii import PII_KINDS, find_entities
 _OPEN, _CLOSE = "\u27e6", "\u27e7"     # ⟦EMAIL_1⟧: brackets that ordinary text does not use
 _PLACEHOLDER = re.compile(f"{_OPEN}[A-Z_]+_\\d+{_CLOSE}")
 _DYNAMIC_KINDS = PII_KINDS | {"date", "amount"}
+_LATIN_WORD = "[0-9A-Za-z_\u00c0-\u024f]"    # letters and digits of Latin-script words (not CJK, which has no spaces)
 # What a question or answer says about a personal value itself (its meaning, length, spelling, gender, validity):
 # such an answer depends on the value, so it must not be refilled with another one ("Yes, Robert is a
 # traditionally female name"). Best effort, like the policy's lists; the answer-side check below backs it up.
@@ -94,14 +95,23 @@ def template_answer(answer: str, values: dict[str, str]) -> str | None:
     if _OPEN in answer or _CLOSE in answer:
         return None
     for name, value in sorted(values.items(), key=lambda kv: -len(kv[1])):
-        if value not in answer:
+        answer, replaced = _whole_value(value).subn(name, answer)
+        if not replaced:
             return None
-        answer = answer.replace(value, name)
     if any(e.kind in _DYNAMIC_KINDS for e in find_entities(_PLACEHOLDER.sub(" ", answer))):
         return None
     if any(_PROPERTY.search(answer, m.end(), m.end() + 60) for m in _PLACEHOLDER.finditer(answer)):
         return None                         # "⟦NAME_1⟧ is a traditionally female name": true of this value only
     return answer
+
+
+def _whole_value(value: str) -> re.Pattern[str]:
+    """The value where it stands as a whole word: "Tom" in "Hello Tom!" but not in "Tomorrow" (refilled for Ann, that
+    would read "Annorrow"). A Latin letter or digit at the value's edge must not continue into the text beside it;
+    a CJK edge has no such boundary to check (Chinese runs words together), so it matches as written."""
+    left = f"(?<!{_LATIN_WORD})" if re.match(_LATIN_WORD, value[:1]) else ""
+    right = f"(?!{_LATIN_WORD})" if re.match(_LATIN_WORD, value[-1:]) else ""
+    return re.compile(left + re.escape(value) + right)
 
 
 def has_placeholder(text: str) -> bool:

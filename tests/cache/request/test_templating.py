@@ -44,6 +44,25 @@ def test_template_round_trip_fills_the_next_request():
     assert fill_answer(stored, second.values) == "Dear amy@example.org, thanks for meeting on June 9!"
 
 
+@pytest.mark.parametrize("first, answer, second, filled", [
+    ("Tom", "Hello Tom! Tomorrow is a new day, Tom.", "Ann", "Hello Ann! Tomorrow is a new day, Ann."),
+    ("Sam", "Dear Sam, Sample the cake with Sam's friend.", "Bob", "Dear Bob, Sample the cake with Bob's friend."),
+])
+def test_a_value_is_templated_only_where_it_is_a_whole_word(first, answer, second, filled):
+    """A name that begins a longer word ("Tom" in "Tomorrow") stays literal there: refilled, it read "Annorrow"."""
+    stored = template_answer(answer, template_request(f"My name is {first}. Please greet me.").values)
+    assert fill_answer(stored, template_request(f"My name is {second}. Please greet me.").values) == filled
+
+
+def test_a_value_found_only_inside_longer_words_is_not_templated():
+    assert template_answer("Tomorrow will be sunny.", template_request("My name is Tom. Greet me.").values) is None
+
+
+def test_a_chinese_name_is_templated_beside_other_characters():
+    values = template_request("我叫张三，请问候我").values
+    assert fill_answer(template_answer("张三你好！", values), template_request("我叫李四，请问候我").values) == "李四你好！"
+
+
 @pytest.mark.parametrize("answer", [
     "Thanks for the meeting!",                                   # a request value is missing: answer may depend on it
     "Dear bob@example.com, your refund of $30 is on its way",     # an amount the request did not carry
