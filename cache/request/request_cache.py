@@ -57,6 +57,7 @@ class Lookup:
     leased: bool = False              # this miss holds the question's cross-replica lease until it is answered
     done: bool = False
     drafts: tuple[str, ...] = ()      # a miss asked for draft_answers: the closest unserved candidates' answers
+    generation: int = 0               # the cache's invalidation count when the lookup began: a later one voids the write
 
     def complete(self, text: str, *, tags: tuple[str, ...] = (), meta: AnswerMeta | None = None) -> None:
         """Hand the computed answer (and its finish reason and token count, replayed with every hit) to waiting
@@ -172,6 +173,12 @@ class RequestCache:
 
     async def lookup(self, req: CacheRequest) -> Lookup:
         """Policy, exact layer, semantic layer, then single-flight; see Lookup for what the caller does next."""
+        generation = self.generation        # an invalidation while this request computes voids its write
+        found = await self._lookup(req)
+        found.generation = generation
+        return found
+
+    async def _lookup(self, req: CacheRequest) -> Lookup:
         if not isinstance(req, CacheRequest):
             raise ValueError(f"lookup() needs a CacheRequest, got {type(req).__name__}")
         try:
@@ -382,6 +389,8 @@ class RequestCache:
             return Lookup("negative", "leader-failed", error=exc, key=key, decision=decision)
         if outcome is RELEASED:
             return None
+        if match is None and not _may_share(flight.layer, decision):
+            return None                     # the leader's answer came from a layer this request does not read
         if match is None:                   # same literal request: the answer the leader got, shared as it came
             self._stats.count("single_flight.follower")
             self._stats.observe_hit("shared", flight.similarity, 0.0)
@@ -436,7 +445,7 @@ class RequestCache:
         flight = lookup.flight
         submitted = False
         if lookup.write and not self.closed:
-            submitted = self.writer.submit(_Write(lookup.key, lookup.decision, text, tags, self.generation, meta, flight,
+            submitted = self.writer.submit(_Write(lookup.key, lookup.decision, text, tags, lookup.generation, meta, flight,
                                                   lookup.leased))
             if not submitted:
                 self._stats.count("write.dropped")
@@ -725,3 +734,12 @@ class RequestCache:
         self.writer.close()
         self._persist_hits()
         self.faults.call("close", self.store.close)
+
+
+def _may_share(layer: str, decision: Decision) -> bool:
+    """Whether a follower may take the answer its leader got from `layer`: one it computed always; one from the cache
+    only if the follower reads that layer itself (an exact-only request never takes a semantic answer, a refresh
+    none)."""
+    if layer == "miss":
+        return True
+    return decision.lookup_semantic if layer.startswith("semantic") else decision.lookup_exact

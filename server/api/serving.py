@@ -141,8 +141,7 @@ class Completer:
         if lookup is not None and lookup.hit is not None:
             return await self._replay(req, lookup, len(ids), started)
         if lookup is not None and lookup.error is not None:
-            err = lookup.error
-            raise APIError(400, str(err)) if isinstance(err, RequestError) else err
+            raise shared_failure(lookup.error)
         answer = Answer(lookup.layer if lookup else "bypass",
                         lookup.reason if lookup else bypass or "no-cache-configured", None, len(ids),
                         started=started, lookup=lookup, logprobs=[] if params.logprobs is not None else None,
@@ -327,7 +326,7 @@ class Completer:
         except EngineRequestFailed as exc:
             if lookup is not None:
                 lookup.fail(exc)
-            raise APIError(500, f"the engine failed this request: {exc}", code="engine_error") from None
+            raise engine_failure(exc) from None
         except BaseException as exc:
             if lookup is not None:
                 lookup.fail(exc)
@@ -344,6 +343,23 @@ def bad_param(exc: ValueError, prompt_param: str | None = None) -> APIError:
     RequestError from making the sequence is about the prompt (empty, too long for the KV cache)."""
     param = exc.param if isinstance(exc, InvalidParam) else prompt_param
     return APIError(400, str(exc), param=param, code="invalid_value" if param else None)
+
+
+def engine_failure(exc: EngineRequestFailed) -> APIError:
+    return APIError(500, f"the engine failed this request: {exc}", code="engine_error")
+
+
+def shared_failure(exc: Exception) -> APIError:
+    """The error of a computation this request waited on (single-flight) or repeated moments after (the negative
+    cache), as its leader got it. A new APIError each time: one exception raised in many tasks grows its traceback."""
+    if isinstance(exc, RequestError):
+        return APIError(400, str(exc))
+    if isinstance(exc, EngineRequestFailed):
+        return engine_failure(exc)
+    if isinstance(exc, APIError):
+        return APIError(exc.status, exc.message, param=exc.param, code=exc.code, headers=exc.headers)
+    return APIError(500, f"the identical request this one waited on failed ({type(exc).__name__})",
+                    code="internal_error")
 
 
 def unavailable(exc: EngineUnavailable) -> APIError:

@@ -586,6 +586,49 @@ def test_followers_of_a_semantic_hit_are_shared_and_say_its_layer():
     cache.close()
 
 
+def test_an_exact_only_twin_never_takes_the_semantic_answer_its_leader_got():
+    """An exact-only twin of a request that got a semantic hit computes its own answer: it asked never to be answered
+    from a similar question (it got the hit as "shared" before)."""
+    semantic = FakeSemantic()
+    cache = make(semantic=semantic)
+    run(answer(cache, chat("Explain how binary search works on arrays"), "Halve the range each step."))
+    search = semantic.lookup
+
+    def lookup_once_the_twin_follows(*args):
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not any(f.followers for f in list(cache.flights.flights.values())):
+            time.sleep(0.005)
+        return search(*args)
+
+    semantic.lookup = lookup_once_the_twin_follows
+    question = "Explain how binary search works on sorted arrays"
+
+    async def go():
+        return await asyncio.gather(cache.lookup(chat(question)), cache.lookup(chat(question, mode="exact-only")))
+
+    hit, twin = run(go())
+    assert hit.layer == "semantic-similar"
+    assert twin.layer == "miss" and twin.hit is None
+    twin.complete("Its own answer.")
+    cache.close()
+
+
+def test_an_invalidation_while_an_answer_is_computed_voids_its_write():
+    cache = make()
+    answers = iter(["computed before the invalidation", "computed after"])
+
+    async def go():
+        lookup = await cache.lookup(chat("Name three primary colors"))
+        await asyncio.to_thread(cache.invalidate, tenant="default")
+        lookup.complete(next(answers))
+        await cache.drain()
+        return await cache.lookup(chat("Name three primary colors"))
+
+    again = run(go())
+    assert again.layer == "miss" and list(cache.store.entries()) == []
+    cache.close()
+
+
 @pytest.mark.parametrize("bad", [dict(memory_max_entries=0), dict(ttl_jitter=1.5), dict(temperature_rule="maybe"),
                                  dict(write_queue_size=0), dict(miss_limit=0)])
 def test_bad_config_is_a_value_error(bad):

@@ -12,6 +12,10 @@ import pytest
 from helpers.http_server import ADMIN, MODEL
 from prometheus_client.parser import text_string_to_metric_families
 
+from strata.server.api.serving import shared_failure
+from strata.server.engine.engine_client import EngineRequestFailed
+from strata.server.engine.input_processor import RequestError
+
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 CHAT = "/v1/chat/completions"
@@ -242,3 +246,16 @@ def test_unsupported_fields_are_refused_by_name_via_openai_client(server, call, 
 def test_no_op_values_of_unsupported_fields_are_answered(server):
     res = chat(server, logprobs=False, response_format={"type": "text"}, temperature=0)
     assert res.status_code == 200, res.text
+
+
+def test_followers_of_a_failed_computation_get_its_error_not_an_internal_one():
+    """Single-flight followers (and repeats within the negative TTL) get the error their leader got: a 500
+    engine_error, not "internal error (incident ...)", each a fresh exception (one raised in many tasks grows its
+    traceback)."""
+    failed = EngineRequestFailed("IndexError: index out of range")
+    first, second = shared_failure(failed), shared_failure(failed)
+    assert first is not second
+    assert (first.status, first.code) == (500, "engine_error") and "IndexError" in first.message
+    assert shared_failure(RequestError("the prompt is empty")).status == 400
+    assert (shared_failure(RuntimeError("x")).status, shared_failure(RuntimeError("x")).code) == (500, "internal_error")
+
