@@ -82,10 +82,12 @@ def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
     if not query.strip():
         raise NotCacheable("empty-query")
     system, context, user_turns = [], [], []
-    for msg in history:
+    for position, msg in enumerate(history):
         text = normalize_text(_content(msg))
         if msg["role"] in ("system", "developer"):
-            system.append(text)
+            # where it stands and that it is there at all: an empty system message replaces a template's default
+            # one, and one moved after a turn renders elsewhere; both are other prompts
+            system.append([position, msg["role"], text])
             continue
         if msg["role"] == "user":
             user_turns.append(text)
@@ -94,7 +96,7 @@ def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
         context_json = json.dumps(context, sort_keys=True, ensure_ascii=False)
     except TypeError as exc:
         raise ValueError(f"messages are not JSON data: {exc}") from None
-    partition = "|".join((req.tenant, req.model, _hash("\n\x00".join(system)), _hash(context_json),
+    partition = "|".join((req.tenant, req.model, _hash(json.dumps(system, ensure_ascii=False)), _hash(context_json),
                           _hash(sampling_key(req.sampling))))
     templated = Templated(query) if req.verbatim else template_request(query)
     fold = str.casefold if casefold else str

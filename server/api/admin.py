@@ -82,10 +82,11 @@ def admin_router(auth: Auth, completer: Completer, max_body_bytes: int) -> APIRo
                      temperature: float = Query(0.0, ge=0.0, allow_inf_nan=False),
                      max_tokens: int | None = Query(None, ge=1)):
         """Body: JSONL lines {"question", "answer", "tags"?, "ttl_class"?}, keyed like a chat request with these
-        sampling settings (a request with other max_tokens or temperature lives in another partition)."""
+        sampling settings (a request with other max_tokens or temperature lives in another partition; without
+        max_tokens, the server's --default-max-tokens, as a request without one is keyed)."""
         body = await read_body(request, max_body_bytes * 16)
         target = cache()
-        sampling = cache_sampling(temperature, max_tokens=max_tokens)
+        sampling = cache_sampling(temperature, max_tokens=max_tokens or completer.config.default_max_tokens)
 
         def parse_and_write() -> tuple[int, int]:      # parsing megabytes and embedding: in a worker thread
             records = _jsonl_records(body)

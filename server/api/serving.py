@@ -137,7 +137,8 @@ class Completer:
         # n > 1 asks for samples that differ; the cache holds one answer per question
         bypass = "echo" if echo else "logprobs" if params.logprobs is not None else "n>1" if req.n > 1 \
             else "token-ids" if messages is None else None
-        lookup = None if bypass else await self._lookup(req, tenant, messages, cache_control, client_id, chat, origin)
+        lookup = None if bypass else await self._lookup(req, tenant, messages, cache_control, client_id, chat, origin,
+                                                        params.max_tokens)
         if lookup is not None and lookup.hit is not None:
             return await self._replay(req, lookup, len(ids), started)
         if lookup is not None and lookup.error is not None:
@@ -256,11 +257,13 @@ class Completer:
             raise bad_param(exc) from None
 
     async def _lookup(self, req, tenant: str, messages: list[dict], cache_control: str, client_id: str | None,
-                      chat: bool, origin: str | None) -> Lookup | None:
+                      chat: bool, origin: str | None, max_tokens: int) -> Lookup | None:
+        """max_tokens: the limit the answer is generated under (the request's, else the server's default or the room
+        the prompt leaves), so answers cut at another limit are never served for this one."""
         if self.cache is None:
             return None
         directives = {d.strip().lower() for d in cache_control.split(",")}
-        sampling = cache_sampling(req.temperature, req.top_p, req.requested_max_tokens(), req.stop, req.seed,
+        sampling = cache_sampling(req.temperature, req.top_p, max_tokens, req.stop, req.seed,
                                   None if chat else "completions") | req.answer_extensions()
         try:
             creq = CacheRequest(tenant, self.model_key, messages, sampling, mode=req.cache,

@@ -168,3 +168,16 @@ def test_uncacheable_shapes():
         build_key(CacheRequest("t", "m", [{"role": "user", "content": "   "}]))
     parts = CacheRequest("t", "m", [{"role": "user", "content": [{"type": "text", "text": "hi"}]}])
     assert build_key(parts).query == "hi"
+
+
+def test_system_messages_are_keyed_where_they_stand_and_even_when_empty():
+    """An empty system message replaces a chat template's default one, and one moved after a turn renders elsewhere:
+    both are other prompts, so other keys (they shared one, and the first answer was served for both)."""
+    question = {"role": "user", "content": "What is your name?"}
+    turns = [{"role": "user", "content": "Say hi in French."}, {"role": "assistant", "content": "Salut !"}]
+    system = {"role": "system", "content": "Answer in French."}
+    keys = [build_key(CacheRequest("t", "m@1", messages, {"temperature": 0})).exact for messages in (
+        [question], [{"role": "system", "content": ""}, question], [system, *turns, question],
+        [*turns, system, question])]
+    assert len(set(keys)) == 4
+

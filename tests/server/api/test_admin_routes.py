@@ -15,6 +15,7 @@ from strata.cache.request.semantic import SemanticCache
 from strata.server.api import errors
 from strata.server.api.admin import admin_router
 from strata.server.api.auth import Auth
+from strata.server.api.config import ServerConfig
 
 
 class SlowEmbedder(HashEmbedder):
@@ -30,7 +31,7 @@ def test_invalidate_and_warmup_never_block_the_event_loop(tmp_path, caplog):
                          semantic=SemanticCache(SlowEmbedder(), Tiers(serve=0.95, similar=0.85)))
     app = FastAPI()
     errors.install(app)
-    app.include_router(admin_router(Auth(None, "tok"), SimpleNamespace(cache=cache, model_key="m@1"), 1 << 20))
+    app.include_router(admin_router(Auth(None, "tok"), SimpleNamespace(cache=cache, model_key="m@1", config=ServerConfig()), 1 << 20))
     faq = "\n".join(json.dumps({"question": f"How do I open account type {i}?", "answer": f"Form {i}."})
                     for i in range(3)).encode()
 

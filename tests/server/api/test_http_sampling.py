@@ -6,6 +6,8 @@ import openai
 import pytest
 from helpers.http_server import MODEL, client
 
+from strata.server.api.config import ServerConfig
+
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 HI = [{"role": "user", "content": "Say hi."}]
@@ -131,3 +133,20 @@ def test_settings_that_do_not_change_the_answer_still_hit(server):
     assert cached(server, question, user="someone-else") == "exact"
     assert cached(server, question, repetition_penalty=1.0, presence_penalty=0, min_tokens=0,
                   ignore_eos=False, skip_special_tokens=True, stop_token_ids=[]) == "exact"
+
+
+def test_the_length_limit_an_answer_was_made_under_is_in_its_key(server):
+    """A request without max_tokens is keyed at the limit it runs under (the server's --default-max-tokens), so an
+    answer cut at another default (before a restart with a larger one) is never served for it."""
+    question = [{"role": "user", "content": "Name a long river."}]
+
+    def layer(**limit) -> str:
+        raw = client(server).chat.completions.with_raw_response.create(model=MODEL, messages=question, temperature=0,
+                                                                       **limit)
+        server.settle()
+        return raw.headers["x-strata-cache"]
+
+    assert layer(max_tokens=ServerConfig().default_max_tokens) == "miss"     # the fixture's server runs the default
+    assert layer() == "exact"                   # the same limit, named or not
+    assert layer(max_tokens=5) == "miss"
+
