@@ -114,18 +114,26 @@ class ScoredPairs:
     def load(cls, path: Path = CALIBRATION_PATH) -> ScoredPairs:
         """The pairs of a file `strata calibrate` wrote; ValueError naming the file for anything else."""
         try:
-            with np.load(path, allow_pickle=False) as z:
-                cosine = {k.split(":", 1)[1]: z[k].astype(np.float64) for k in z.files if k.startswith("cosine:")}
+            loaded = np.load(path, allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise ValueError("one array, not an .npz archive")
+            with loaded as z:
+                cosine = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("cosine:")}
                 adapter = {k.split(":", 1)[1]: z[k] for k in z.files if k.startswith("adapter:")}
-                data = cls(z["label"].astype(bool), z["lang"].astype(str), z["domain"].astype(str),
-                           z["score"].astype(np.float64), cosine, json.loads(str(z["__meta__"])), adapter or None)
+                columns = [z["label"], z["lang"], z["domain"], z["score"], *cosine.values()]
+                if any(c.ndim != 1 for c in columns) or len({len(c) for c in columns}) != 1:
+                    raise ValueError("its pair arrays are not one row per pair")
+                if z["label"].dtype != bool:
+                    raise ValueError(f"labels of type {z['label'].dtype}, not true / false")
+                data = cls(z["label"], z["lang"].astype(str), z["domain"].astype(str), z["score"].astype(np.float64),
+                           {k: v.astype(np.float64) for k, v in cosine.items()}, json.loads(str(z["__meta__"])),
+                           adapter or None)
         except FileNotFoundError:
             raise ValueError(f"calibration file not found: {path}") from None
-        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             raise ValueError(f"{path} is not a calibration file written by `strata calibrate` ({exc})") from None
-        sizes = {len(data.label), len(data.lang), len(data.domain), len(data.score), *map(len, data.cosine.values())}
-        if len(sizes) != 1 or not isinstance(data.meta, dict):
-            raise ValueError(f"{path} is not a calibration file written by `strata calibrate` (inconsistent arrays)")
+        if not isinstance(data.meta, dict):
+            raise ValueError(f"{path} is not a calibration file written by `strata calibrate` (its metadata)")
         return data
 
 

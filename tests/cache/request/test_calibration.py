@@ -150,7 +150,14 @@ def test_a_file_that_is_not_a_calibration_file_is_a_clear_error(tmp_path):
     (tmp_path / "truncated.npz").write_bytes(shipped[:len(shipped) // 2])
     (tmp_path / "text.npz").write_text("hello")
     np.savez(tmp_path / "other.npz", a=np.arange(3))
-    for name in ("truncated.npz", "text.npz", "other.npz"):
+    np.save(tmp_path / "array.npy", np.arange(3))
+    good = ScoredPairs.load(CALIBRATION_PATH)
+    columns = dict(lang=good.lang, domain=good.domain, score=good.score, __meta__=np.array("{}"))
+    np.savez(tmp_path / "scalar_label.npz", **columns | dict(label=np.array(True)))
+    np.savez(tmp_path / "grid_label.npz", **columns | dict(label=good.label[:, None]))
+    np.savez(tmp_path / "word_label.npz", **columns | dict(label=np.where(good.label, "1", "0")))
+    for name in ("truncated.npz", "text.npz", "other.npz", "array.npy", "scalar_label.npz", "grid_label.npz",
+                 "word_label.npz"):
         with pytest.raises(ValueError, match="not a calibration file written by `strata calibrate`"):
             ScoredPairs.load(tmp_path / name)
     with pytest.raises(ValueError, match="calibration file not found"):
