@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
+import logging
 import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 from strata.cache.request.calibration import language_of
+
+log = logging.getLogger(__name__)
 
 # The shared labelled pair files (en_contextual_queries.json is multi-turn and is checked elsewhere).
 SHARED_FILES = (
@@ -45,51 +49,81 @@ def domain_of(path: Path | str) -> str:
 
 def load_pairs(path: Path | str) -> list[Pair]:
     """Read JSONL {cached, query, same}, CSV/TSV with sentence1, sentence2, label (other columns ignored), or a JSON
-    list of {origin, similar} (positives only); clear errors for anything else."""
+    list of {origin, similar} (positives only); clear errors naming the file and line for anything else. Pairs with an
+    empty side are left out, and a warning counts them."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"pairs file not found: {path}")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        missing = [i for i, r in enumerate(rows) if not isinstance(r, dict) or not {"cached", "query", "same"} <= r.keys()]
-        if missing:
-            raise ValueError(f"{path}: line {missing[0] + 1} lacks one of cached/query/same")
-        wrong = next((i for i, r in enumerate(rows) if not isinstance(r["same"], bool)), None)
-        if wrong is not None:
-            raise ValueError(f"{path}: line {wrong + 1}: 'same' must be true or false, got {rows[wrong]['same']!r}")
-        raw = [(r["cached"], r["query"], r["same"]) for r in rows]
+        raw = [_jsonl_pair(path, number, line) for number, line in enumerate(_text(path).splitlines(), 1)
+               if line.strip()]
     elif suffix in (".csv", ".tsv"):
-        with path.open(encoding="utf-8", newline="") as f:
-            # no quoting in TSV: its sentences hold stray quote characters that must not open a field
-            reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if suffix == ".tsv" else csv.DictReader(f)
-            try:
-                rows = list(reader)
-            except csv.Error as exc:
-                raise ValueError(f"{path}: line {reader.line_num + 1}: {exc}") from None  # the line it failed on
-        if not rows or not {"sentence1", "sentence2", "label"} <= rows[0].keys():
-            raise ValueError(f"{path}: expected columns sentence1, sentence2, label")
-        wrong = next((i for i, r in enumerate(rows) if (r["label"] or "").strip() not in ("0", "1")), None)
-        if wrong is not None:
-            raise ValueError(f"{path}: row {wrong + 1}: label must be 0 or 1, got {rows[wrong]['label']!r}")
-        raw = [(r["sentence1"], r["sentence2"], r["label"].strip() == "1") for r in rows]
+        raw = _table_pairs(path, suffix)
     elif suffix == ".json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            rows = json.loads(_text(path))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc.msg}, line {exc.lineno} column {exc.colno})") from None
         if not isinstance(rows, list) or not all(isinstance(r, dict) and {"origin", "similar"} <= r.keys() for r in rows):
             raise ValueError(f"{path}: expected a JSON list of {{origin, similar}}")
-        raw = [(r["origin"], r["similar"], True) for r in rows]
+        raw = [(f"item {i}", r["origin"], r["similar"], True) for i, r in enumerate(rows, 1)]
     else:
         raise ValueError(f"{path}: unknown pairs format {suffix!r} (use .jsonl, .csv, .tsv or .json)")
-    long = next((i for i, (a, b, _) in enumerate(raw) if len(str(a)) + len(str(b)) > MAX_PAIR_CHARS), None)
-    if long is not None:
-        raise ValueError(f"{path}: pair {long + 1} is longer than {MAX_PAIR_CHARS} characters: questions, not "
-                         "documents (each is embedded and read by the cross-encoder)")
+    for where, a, b, _ in raw:
+        if not isinstance(a, str) or not isinstance(b, str):
+            raise ValueError(f"{path}: {where}: both questions must be text, got {type(a).__name__} and "
+                             f"{type(b).__name__}")
+        if len(a) + len(b) > MAX_PAIR_CHARS:
+            raise ValueError(f"{path}: {where} is longer than {MAX_PAIR_CHARS} characters: questions, not "
+                             "documents (each is embedded and read by the cross-encoder)")
     domain = domain_of(path)
-    pairs = [Pair(a.strip(), b.strip(), same, language_of(b), domain) for a, b, same in raw
-             if isinstance(a, str) and isinstance(b, str) and a.strip() and b.strip()]
+    pairs = [Pair(a.strip(), b.strip(), same, language_of(b), domain) for _, a, b, same in raw if a.strip() and b.strip()]
+    if len(pairs) < len(raw):
+        log.warning("%s: %d of %d pairs left out: a question is empty", path, len(raw) - len(pairs), len(raw))
     if not pairs:
         raise ValueError(f"{path}: no pairs")
     return pairs
+
+
+def _text(path: Path) -> str:
+    """The file as UTF-8 (a byte-order mark, as spreadsheets write, dropped)."""
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line}: not UTF-8 text ({exc.reason})") from None
+
+
+def _jsonl_pair(path: Path, number: int, line: str) -> tuple[str, object, object, bool]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: line {number}: not JSON ({exc.msg}, column {exc.colno})") from None
+    if not isinstance(row, dict) or not {"cached", "query", "same"} <= row.keys():
+        raise ValueError(f"{path}: line {number} lacks one of cached/query/same")
+    if not isinstance(row["same"], bool):
+        raise ValueError(f"{path}: line {number}: 'same' must be true or false, got {row['same']!r}")
+    return f"line {number}", row["cached"], row["query"], row["same"]
+
+
+def _table_pairs(path: Path, suffix: str) -> list[tuple[str, object, object, bool]]:
+    lines = io.StringIO(_text(path), newline="")
+    # no quoting in TSV: its sentences hold stray quote characters that must not open a field
+    reader = csv.DictReader(lines, delimiter="\t", quoting=csv.QUOTE_NONE) if suffix == ".tsv" else csv.DictReader(lines)
+    try:
+        rows = [(reader.line_num, row) for row in reader]
+    except csv.Error as exc:
+        raise ValueError(f"{path}: line {reader.line_num + 1}: {exc}") from None  # the line it failed on
+    if not rows or not {"sentence1", "sentence2", "label"} <= rows[0][1].keys():
+        raise ValueError(f"{path}: expected columns sentence1, sentence2, label")
+    out = []
+    for number, row in rows:
+        label = (row["label"] or "").strip()
+        if label not in ("0", "1"):
+            raise ValueError(f"{path}: line {number}: label must be 0 or 1, got {row['label']!r}")
+        out.append((f"line {number}", row["sentence1"] or "", row["sentence2"] or "", label == "1"))
+    return out
 
 
 def load_shared(datasets: Path) -> list[Pair]:

@@ -162,6 +162,24 @@ def test_load_pairs_formats_and_errors(tmp_path):
         load_pairs(tmp_path / "q.jsonl")
 
 
+def test_pairs_files_as_spreadsheets_write_them_load_and_broken_ones_name_file_and_line(tmp_path, caplog):
+    """A byte-order mark is not part of the first column's name; undecodable bytes, bad JSON and questions that are
+    not text are errors naming the file and the line; pairs with an empty side are left out, and a warning says so."""
+    bom = tmp_path / "excel.csv"
+    bom.write_text("sentence1,sentence2,label\nhow to sort,how do I sort,1\n,empty side,0\n", encoding="utf-8-sig")
+    with caplog.at_level("WARNING"):
+        assert load_pairs(bom) == [Pair("how to sort", "how do I sort", True, "en", "excel")]
+    assert "1 of 2 pairs left out" in caplog.text
+    for name, content, error in [
+            ("latin1.csv", "sentence1,sentence2,label\ncaf\xe9,coffee,1\n".encode("latin-1"), "line 2: not UTF-8"),
+            ("broken.jsonl", b'{"cached": "a", "query": "b", "same": true}\n\n{cached: "a"}\n', "line 3: not JSON"),
+            ("numbers.jsonl", b'{"cached": 5, "query": "b", "same": true}\n', "line 1: both questions must be text"),
+            ("empty.json", b"", "not JSON")]:
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError, match=f"{name}: {error}"):
+            load_pairs(tmp_path / name)
+
+
 def test_quality_bench_scores_hits_misses_and_wrong_entries():
     pairs = [Pair("how do I sort a list in python", "how do I sort a list in python", True, "en", "t"),
              Pair("capital of france", "capital of france", False, "en", "t"),          # a hit on a negative
