@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import opencc
 from cachetools import LRUCache, cached
 
 from strata.cache.request.keys import RequestKey
@@ -70,6 +71,10 @@ class Policy:
         if scripts is not None and (not isinstance(scripts, list) or not all(isinstance(x, str) for x in scripts)):
             raise ValueError("policy rules: 'scripts' must be a list of Unicode script name prefixes, e.g. [\"LATIN\"]")
         self.scripts = tuple(x.upper() for x in scripts) if scripts is not None else None
+        letters = rules.get("latin_letters")
+        if letters is not None and not isinstance(letters, str):
+            raise ValueError("policy rules: 'latin_letters' must be a string of the accented letters the rules read")
+        self.latin_letters = frozenset(letters) if letters is not None else None
         self.ttl_rules: list[tuple[str, float, re.Pattern[str]]] = []
         for i, cls in enumerate(rules.get("ttl_classes", [])):
             if not isinstance(cls, dict) or not isinstance(cls.get("name"), str) or not _positive(cls.get("ttl_s")):
@@ -102,11 +107,18 @@ class Policy:
         with letters of a script the rules do not read ("scripts": Cyrillic, Arabic, kana, ... for the shipped
         rules) is "unvetted-language": no rule could have told a real-time question in it."""
         text = _classified(text)
-        if self.scripts is not None and not text.isascii() and any(
-                ch.isalpha() and not ch.isascii() and not unicodedata.name(ch, "").startswith(self.scripts)
-                for ch in text):
+        if not text.isascii() and any(not self._vetted(ch) for ch in text if ch.isalpha() and not ch.isascii()):
             return "unvetted-language"
         return next((name for name, rx in self.bypass_rules if rx.search(text)), None)
+
+    def _vetted(self, letter: str) -> bool:
+        """Whether the rules read this letter's language: its script is in "scripts", and a Latin letter beyond ASCII
+        is one of "latin_letters" (the accented letters of the languages the rules are written in: "ı" or "ơ" is
+        Turkish or Vietnamese, whose "what time is it" no rule knows)."""
+        name = unicodedata.name(letter, "")
+        if self.scripts is not None and not name.startswith(self.scripts):
+            return False
+        return self.latin_letters is None or not name.startswith("LATIN") or letter in self.latin_letters
 
     def ttl_class(self, text: str) -> tuple[str, float]:
         """(class, ttl seconds) for a cacheable question: status 5 min, conceptual 30 d, factual 7 d, default 1 h."""
@@ -147,9 +159,15 @@ class Policy:
 
 
 def _classified(text: str) -> str:
-    """What the rules read: NFKC (full-width and other compatibility forms as plain ones) and case-folded. Keys keep
-    those differences, but the rules must not miss "ｂｉｔｃｏｉｎ ｐｒｉｃｅ" for it."""
-    return unicodedata.normalize("NFKC", text).casefold()
+    """What the rules read: NFKC (full-width and other compatibility forms as plain ones), case-folded, and Chinese
+    in Simplified characters (OpenCC's t2s), as the rules are written. Keys keep those differences, but the rules
+    must not miss "ｂｉｔｃｏｉｎ ｐｒｉｃｅ" or "現在比特幣的價格" for them."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return _simplified(text) if _CJK.search(text) else text
+
+
+_CJK = re.compile("[\u3400-\u9fff\uf900-\ufaff]")
+_simplified = opencc.OpenCC("t2s").convert
 
 
 def _positive(value: object) -> bool:

@@ -143,8 +143,31 @@ def test_scripts_the_rules_cannot_read_bypass(policy, text):
     assert d.bypass and not d.write and d.reason == "unvetted-language"
 
 
+@pytest.mark.parametrize("text, reason", [
+    ("現在比特幣的價格是多少？", "realtime"), ("美元兌台幣匯率是多少？", "realtime"), ("我忘記密碼了，怎麼辦？", "security"),
+    ("我的驗證碼是什麼？", "security"), ("請把五千元轉帳到我媽媽的帳戶", "money"), ("這樣做違法嗎？需要找律師嗎？", "legal"),
+    ("请把五千元转帐到我的帐户", "money"),
+])
+def test_traditional_chinese_is_read_as_its_simplified_twin(policy, text, reason):
+    """The rules are written in Simplified characters; Traditional text (and the 帐 variant of 账) was cached."""
+    assert decide(policy, text).reason == reason
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("How many yen is a dollar worth?", "realtime"), ("Convert 100 dollars to euros", "realtime"),
+    ("What's gold trading at?", "realtime"), ("Who's the president of France?", "realtime"),
+    ("Recommend a restaurant near me", "realtime"), ("Wie spät ist es?", "realtime"), ("¿Qué hora es?", "realtime"),
+    ("I forgot my passwd", "security"), ("Can I get sued for this?", "legal"),
+    ("Is it against the law to record a call?", "legal"), ("What should I invest my savings in?", "money"),
+    ("Bugün hava nasıl?", "unvetted-language"), ("Hôm nay thời tiết thế nào?", "unvetted-language"),
+])
+def test_more_phrasings_and_languages_an_audit_found_cached_now_bypass(policy, text, reason):
+    assert decide(policy, text).reason == reason
+
+
 @pytest.mark.parametrize("text", ["Café au lait recipe", "Explain naïve Bayes", "什么是机器学习", "Say hi 😀",
-                                  "What is the boiling temperature of water?"])
+                                  "What is the boiling temperature of water?", "Who painted the ceiling in Zürich's Großmünster?",
+                                  "Convert this recipe to metric units", "How do I invest time in learning Rust?"])
 def test_latin_and_chinese_text_is_still_read_by_the_rules(policy, text):
     assert not decide(policy, text).bypass
 
