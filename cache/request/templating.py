@@ -18,8 +18,12 @@ _PROPERTY = re.compile(r"(?i:\b(?:mean|means|meaning|letters|(?:first|last|which
                        r"|spell\w*|pronounc\w*|origins?|gender|girls?|boys?|female|male|feminine|masculine"
                        r"|valid|invalid|real|fake|rhym\w*|translat\w*"
                        r"|nicknames?|popular|common|rare|unique|short for|stands? for|anagrams?|revers\w*|syllables?"
-                       r"|upper ?case|lower ?case|how long)\b)"
+                       r"|upper ?case|lower ?case|how long|palindromes?|backwards?|vowels?|consonants?|domains?"
+                       r"|gmail|outlook|yahoo|hotmail|provider|area code|country code|prefix)\b)"
                        r"|意思|含义|寓意|几个字|多少个字|笔画|怎么读|读音|拼音|男孩|女孩|男名|女名|男生|女生|有效|真假|多长")
+# A pronoun after the value points back at it ("My email is ⟦EMAIL_1⟧. Is it a Gmail address?", "Write it backwards"):
+# whatever is asked of it is asked of this value, so the answer is this value's alone.
+_POINTS_BACK = re.compile(r"(?i:\b(?:it|its|it's|itself|this one|that one)\b)|它|这个名字|这个号码|这个地址")
 # A value's kind named again past its declaration ("My name is ⟦NAME_1⟧. How many letters does my name have?")
 _KIND_NOUN = {"name": "name|名字|姓名", "email": "e-?mail|邮箱", "phone": "phone|mobile|手机|电话|号码",
               "order_number": "order|订单", "address": "address|地址", "id_number": "ssn|身份证",
@@ -66,7 +70,7 @@ def template_request(text: str) -> Templated:
 def _asks_about_value(templated: str, counts: dict[str, int]) -> bool:
     """Whether a templated personal request asks about one of its values rather than only carrying it."""
     masked = _PLACEHOLDER.sub(lambda m: " " * len(m.group()), templated)     # same offsets, no "NAME" inside
-    if _PROPERTY.search(masked):
+    if _PROPERTY.search(masked) or _POINTS_BACK.search(masked, templated.find(_OPEN)):
         return True
     for kind in counts:
         noun = _KIND_NOUN.get(kind)

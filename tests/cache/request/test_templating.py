@@ -78,6 +78,10 @@ def test_unsafe_answers_are_not_templated(answer):
     ("My name is Alice. How many letters does my name have?", True),
     ("My name is Alice. What letter does my name start with?", True),
     ("Is bob@example.com a valid address?", True),
+    ("My email is bob@example.com. Is it a Gmail address?", True),        # a pronoun points back at the value
+    ("My name is Bob. Is it a palindrome?", True),
+    ("My name is Anna. Write it backwards.", True),
+    ("It is my birthday, my name is Tom. Greet me.", False),               # "it" before the value is not about it
     ("我叫王小明，我的名字有什么寓意？", True),
     ("My order A7731920 has not arrived. Where is my order?", True),
     ("My name is Alice. Recommend a book for me.", False),
