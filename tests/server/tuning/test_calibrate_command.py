@@ -69,7 +69,7 @@ def test_bad_input_is_a_clear_error(tmp_path):
     ("labels.csv", "sentence1,sentence2,label\na,b,yes\n", "label must be 0 or 1"),
     ("empty_label.tsv", "sentence1\tsentence2\tlabel\na\tb\t\n", "label must be 0 or 1"),
     ("huge.csv", "sentence1,sentence2,label\n" + "x" * 200_000 + ",b,1\n", "line 2"),
-    ("long.jsonl", json.dumps({"cached": "x" * 30_000, "query": "b", "same": True}) + "\n", "pair 1 is longer"),
+    ("long.jsonl", json.dumps({"cached": "x" * 30_000, "query": "b", "same": True}) + "\n", "line 1 is longer"),
 ])
 def test_labels_that_are_not_labels_and_unreadable_rows_are_clear_errors(tmp_path, name, text, says):
     path = tmp_path / name
