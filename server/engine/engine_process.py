@@ -57,6 +57,9 @@ def engine_main(config: EngineConfig, commands, updates, num_threads: int) -> No
         updates.send(EngineUpdate([], {}, crash=traceback.format_exc()))
         raise SystemExit(1) from None
     lower_priority(config.engine_nice)  # after loading: the server waits for that, so it runs at full priority
+    # loaded: from now on the server alone stops us ("stop", or a kill past its drain). A SIGTERM to the whole group
+    # (systemd's default stop) killed the engine before the server drained, failing every request in flight
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     updates.send(EngineUpdate([], engine.stats(), info=engine.info))
     while server.is_alive():
         refused: dict[str, str] = {}

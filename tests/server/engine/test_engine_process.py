@@ -190,6 +190,31 @@ def test_sigterm_while_the_engine_loads_stops_both_processes_at_once(tiny_chat_m
     assert all(wait_gone(pid, timeout=10) for pid in children), children      # no orphan left loading
 
 
+def test_sigterm_to_the_whole_process_group_still_drains_requests_in_flight(tiny_chat_model_dir):
+    """systemd's default stop signals every process of the service: the engine died at once and the requests in
+    flight got 503, where a SIGTERM to the server alone lets them finish."""
+    server, url = start_cli_server("--no-request-cache", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
+                                   "--kv-cache-memory", "64MiB", "--num-threads", "1", "--shutdown-timeout-s", "60")
+    try:
+        wait_healthy(server, url, 300)
+        children = [int(pid) for pid in Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()]
+        body = {"model": tiny_chat_model_dir.name, "prompt": "Count:", "max_tokens": 1000, "ignore_eos": True,
+                "temperature": 0, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as res:
+            chunks = res.iter_lines()
+            assert res.status_code == 200 and next(chunks).startswith("data:")     # generating now
+            for pid in [server.pid, *children]:           # what `kill -TERM -- -PGID` does
+                os.kill(pid, signal.SIGTERM)
+            rest = [line for line in chunks if line]
+        assert rest[-1] == "data: [DONE]", rest[-3:]
+        assert not any("error" in line for line in rest), [line for line in rest if "error" in line][:1]
+        server.wait(timeout=60)
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
 def test_sigterm_cuts_requests_still_running_after_the_shutdown_timeout(default_model_dir):
     """Draining had no limit: 4 long requests held a stopped server for 93 s, and a second SIGTERM did not help."""
     server, url = start_cli_server("--no-request-cache", "--model", str(default_model_dir), "--dtype", "fp32",
