@@ -40,9 +40,11 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help='Print {"text": ..., "token_ids": [...]}.'),
 ) -> None:
     """Generate one completion with the engine."""
+    from strata.server.engine.engine_process import configure_logging
     from strata.server.engine.llm_engine import LLMEngine, RequestError
     from strata.server.engine.sampling_params import SamplingParams
 
+    configure_logging()
     try:
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
                                 seed=sampling_seed, stop=list(stop))

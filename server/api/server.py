@@ -19,6 +19,7 @@ from strata.server.api.auth import Auth
 from strata.server.api.config import ServerConfig
 from strata.server.engine.config import EngineConfig
 from strata.server.engine.engine_client import EngineClient, RestartPolicy
+from strata.server.engine.engine_process import configure_logging
 
 log = logging.getLogger("strata.server")
 
@@ -50,7 +51,7 @@ def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
     """Load the model (in the engine process) and the caches (here, meanwhile), then serve until interrupted
     (`strata serve`). EngineStartError when the engine cannot be built, OSError/ValueError for a bad keys file,
     EngineFailed when the engine kept dying."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     auth = Auth(Auth.read_keys(config.api_keys) if config.api_keys else None, config.admin_token,
                 config.public_metrics)
     failure: list[str] = []

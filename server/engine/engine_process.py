@@ -1,6 +1,7 @@
 """The engine process: builds its own LLMEngine from the EngineConfig, then applies commands between steps and sends
 outputs + stats back to the HTTP process (server/engine/engine_client.py is the other end)."""
 
+import logging
 import multiprocessing as mp
 import os
 import queue
@@ -39,6 +40,12 @@ def lower_priority(nice: int) -> None:
             pass
 
 
+def configure_logging() -> None:
+    """INFO and above to stderr, one format in both processes of `strata serve` (and in `strata generate`): a spawned
+    engine process starts with no handler, and its lines (the weight format chosen, warnings) were dropped."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def engine_main(config: EngineConfig, commands, updates, num_threads: int) -> None:
     """The engine process: build the engine, report its ModelInfo (or why it failed), then apply commands between
     steps, step while work remains, send outputs + stats.
@@ -46,6 +53,7 @@ def engine_main(config: EngineConfig, commands, updates, num_threads: int) -> No
     It exits on "stop", when the server process is gone (no orphans), or after reporting a failed start or step.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C reaches the whole group; the server stops us
+    configure_logging()
     torch.set_num_threads(num_threads)
     server = mp.parent_process()
     try:

@@ -190,6 +190,21 @@ def test_sigterm_while_the_engine_loads_stops_both_processes_at_once(tiny_chat_m
     assert all(wait_gone(pid, timeout=10) for pid in children), children      # no orphan left loading
 
 
+def test_the_startup_log_says_which_weight_format_the_engine_process_chose(tiny_chat_model_dir, tmp_path):
+    """The engine process had no log handler: its INFO line naming the weight format never reached the log."""
+    with open(tmp_path / "serve.log", "w") as log:
+        server, url = start_cli_server("--no-request-cache", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
+                                       "--quantization", "int8", "--kv-cache-memory", "64MiB", "--num-threads", "1",
+                                       stderr=log)
+        try:
+            wait_healthy(server, url, 300)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    lines = (tmp_path / "serve.log").read_text().splitlines()
+    assert any(" INFO strata.server.engine.llm_engine: weights: int8" in line for line in lines), lines[-10:]
+
+
 def test_sigterm_to_the_whole_process_group_still_drains_requests_in_flight(tiny_chat_model_dir):
     """systemd's default stop signals every process of the service: the engine died at once and the requests in
     flight got 503, where a SIGTERM to the server alone lets them finish."""
