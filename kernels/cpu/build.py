@@ -1,16 +1,16 @@
 """Builds a C++ kernel of this folder once per machine with the compiler torch uses (tens of seconds, then cached under
 TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions). Needs g++ and ninja; without them the build raises."""
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import platform
-import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
-STALE_LOCK_S = 600          # a build takes well under a minute or two; a lock this old was left by a killed one
 # e.g. STRATA_CPU_MARCH=haswell: a server (or a benchmark) on this CPU runs the code paths an AVX2-only CPU runs
 MARCH_VARIABLE = "STRATA_CPU_MARCH"
 
@@ -60,24 +60,28 @@ def _build(name: str, march: str):
 
     os.environ.setdefault("MAX_JOBS", "2")
     folder = Path(__file__).parent
-    clear_stale_lock(Path(_get_build_directory(name, verbose=False)))
-    return build(name, [str(folder / source) for source in SOURCES],
-                 extra_cflags=["-O3", f"-march={march}", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                 verbose=False)
+    with building(Path(_get_build_directory(name, verbose=False))):
+        return build(name, [str(folder / source) for source in SOURCES],
+                     extra_cflags=["-O3", f"-march={march}", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                     verbose=False)
 
 
-def clear_stale_lock(build_dir: Path, max_age_s: float = STALE_LOCK_S) -> bool:
-    """Remove the build lock a killed compile left behind (torch would wait on it for ever, so every later engine
-    start hung); a fresh lock belongs to a build in progress and stays. True when one was removed."""
-    lock = build_dir / "lock"
-    try:
-        if time.time() - lock.stat().st_mtime < max_age_s:
-            return False
-        lock.unlink()
-    except FileNotFoundError:
-        return False
-    log.warning("removed a stale kernel build lock %s (left by a build that was killed)", lock)
-    return True
+@contextlib.contextmanager
+def building(build_dir: Path):
+    """Hold the build folder for one builder at a time, by an flock the kernel releases when its holder dies. torch's
+    own lock file stays behind when a compile is killed, and torch then waits on it for ever (a server stopped while
+    it compiled made the next start hang); whoever holds the flock knows such a file is a dead build's, and removes it."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "strata.lock", "w") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process's build of %s", build_dir.name)
+            fcntl.flock(held, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError):
+            (build_dir / "lock").unlink()
+            log.warning("removed the kernel build lock %s left by a build that was killed", build_dir / "lock")
+        yield
 
 
 def cpu_fingerprint() -> str:

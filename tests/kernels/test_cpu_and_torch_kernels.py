@@ -188,17 +188,33 @@ def test_strata_cpu_march_builds_the_kernels_for_another_cpu(monkeypatch, caplog
     assert "-march=haswell" in caplog.text
 
 
-def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
-    """A compile killed mid-way leaves torch's lock file; every later build would wait on it for ever."""
+def test_a_build_lock_left_by_a_killed_compile_is_removed_at_once_and_builders_take_turns(tmp_path):
+    """A compile killed mid-way leaves torch's lock file; the next start waited on it (a restart within 10 minutes of
+    the kill hung). Its builder's flock died with it, so the next builder removes the file at once; a live builder
+    keeps the folder to itself until it is done."""
+    import multiprocessing
     import os
-    import time
+    import threading
 
-    from strata.kernels.cpu.build import STALE_LOCK_S, clear_stale_lock
+    from strata.kernels.cpu.build import building
 
-    lock = tmp_path / "lock"
-    lock.touch()
-    assert not clear_stale_lock(tmp_path) and lock.exists()            # a build in progress holds it
-    old = time.time() - STALE_LOCK_S - 1
-    os.utime(lock, (old, old))
-    assert clear_stale_lock(tmp_path) and not lock.exists()
-    assert not clear_stale_lock(tmp_path)                                  # none there: nothing to do
+    def killed_builder(folder):
+        with building(folder):
+            (folder / "lock").touch()         # torch's lock file, as a compile in progress holds it
+            os._exit(1)                        # killed mid-compile: no cleanup runs
+
+    child = multiprocessing.get_context("fork").Process(target=killed_builder, args=(tmp_path,))
+    child.start()
+    child.join(timeout=30)
+    assert (tmp_path / "lock").exists()
+    with building(tmp_path):
+        assert not (tmp_path / "lock").exists()
+        entered = threading.Event()
+
+        def second_builder():
+            with building(tmp_path):
+                entered.set()
+
+        threading.Thread(target=second_builder, daemon=True).start()
+        assert not entered.wait(0.5)                  # a second builder waits while this one builds
+    assert entered.wait(10)
