@@ -117,7 +117,8 @@ class InputProcessor:
             raise RequestError(f"prompt token ids must be integers in [0, {info.vocab_size})")
         params.check_vocab(info.vocab_size)
         if len(token_ids) >= info.max_model_len:
-            raise RequestError(f"prompt has {len(token_ids)} tokens; this model's context is {info.max_model_len}")
+            held = " (all --kv-cache-memory holds)" if info.max_model_len >= info.kv_capacity_tokens else ""
+            raise RequestError(f"prompt has {len(token_ids)} tokens; this model's context is {info.max_model_len}{held}")
         if len(token_ids) + 1 > info.kv_capacity_tokens:     # the prompt and one new token, in whole blocks
             raise RequestError(f"prompt has {len(token_ids)} tokens but the KV cache holds only "
                                f"{info.kv_capacity_tokens}; raise --kv-cache-memory")

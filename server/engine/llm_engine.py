@@ -76,6 +76,13 @@ class LLMEngine:
         if num_blocks < 1:
             raise ValueError(f"--kv-cache-memory {config.kv_cache_memory} holds no block of "
                              f"{self.kv_layout.block_bytes} bytes")
+        if num_blocks * config.block_size < self.max_model_len:
+            # a sequence must fit the pool alone; past it the engine ended answers "length" while the server still
+            # advertised the model's whole context
+            log.warning("--kv-cache-memory %s holds %d tokens, fewer than the context of %d: serving a context of %d "
+                        "(more KV memory serves the whole context)", config.kv_cache_memory,
+                        num_blocks * config.block_size, self.max_model_len, num_blocks * config.block_size)
+            self.max_model_len = num_blocks * config.block_size
         # One block past the scheduler's: the scratch block that padded rows of a decode graph write into.
         self.kv = KVStorage(self.kv_layout, num_blocks + 1, self.device)
         self.swap_space = SwapSpace(self.kv_layout, config.swap_space) if config.swap_space else None

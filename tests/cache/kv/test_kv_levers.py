@@ -112,12 +112,12 @@ def test_prefix_cache_never_matches_different_content_or_another_model():
 def test_request_too_long_for_the_whole_pool_is_a_clear_error(tiny_model_dirs):
     engine = LLMEngine(EngineConfig(model=str(tiny_model_dirs["tiny-llama"]), dtype="fp32", block_size=8,
                                     kv_cache_memory=str(4 * TINY_BLOCK)))
-    with pytest.raises(ValueError, match="KV cache holds only 32"):
+    with pytest.raises(ValueError, match=r"context is 32 \(all --kv-cache-memory holds\)"):
         engine.add_request(list(range(3, 40)), SamplingParams(max_tokens=4))
     # A prompt that fits but whose output outgrows the whole pool ends with "length" instead of hanging.
     out = engine.generate([list(range(3, 20))], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
-    # 32 KV slots: the prompt and the first 15 outputs are stored; the 16th output needs no slot of its own.
-    assert out.finish_reason == "length" and len(out.token_ids) == 32 - 17 + 1
+    # 32 KV slots, so a context of 32 tokens: the prompt and 15 outputs
+    assert out.finish_reason == "length" and len(out.token_ids) == 32 - 17
     assert engine.stats()["kv_blocks_free"] == 4
 
 

@@ -182,13 +182,17 @@ def test_abort_frees_blocks_mid_generation(tiny_engine_factory):
     assert all_blocks_free(engine) and not engine.has_unfinished()
 
 
-def test_a_prompt_must_leave_room_in_the_kv_pool_for_one_new_token(tiny_engine_factory):
-    """The check the HTTP process runs too, with the capacity the engine reports in its ModelInfo."""
+def test_a_kv_pool_smaller_than_the_context_serves_the_context_it_holds(tiny_engine_factory, caplog):
+    """A pool that holds fewer tokens than the context: the context served is what it holds, and a warning says so
+    (the model's whole context was advertised while answers ended "length" where the pool ran out). A prompt must
+    leave room for one new token, the check the HTTP process runs too with the ModelInfo's figures."""
     block_bytes = tiny_engine_factory().kv_layout.block_bytes
-    engine = tiny_engine_factory(kv_cache_memory=str(4 * block_bytes), max_model_len=128)
-    assert engine.info.kv_capacity_tokens == engine.kv_capacity_tokens == 4 * 8 < engine.info.max_model_len
+    with caplog.at_level("WARNING"):
+        engine = tiny_engine_factory(kv_cache_memory=str(4 * block_bytes), max_model_len=128)
+    assert engine.info.kv_capacity_tokens == engine.kv_capacity_tokens == 4 * 8 == engine.info.max_model_len
+    assert "holds 32 tokens, fewer than the context of 128" in caplog.text
     params = SamplingParams(temperature=0, max_tokens=1)
-    with pytest.raises(RequestError, match="KV cache holds only 32"):
+    with pytest.raises(RequestError, match="32"):
         engine.add_request([3] * 32, params)
     assert engine.generate([[3] * 31], params)[0].finish_reason == "length"
 

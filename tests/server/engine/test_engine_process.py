@@ -233,7 +233,7 @@ def test_sigterm_to_the_whole_process_group_still_drains_requests_in_flight(tiny
 def test_sigterm_cuts_requests_still_running_after_the_shutdown_timeout(default_model_dir):
     """Draining had no limit: 4 long requests held a stopped server for 93 s, and a second SIGTERM did not help."""
     server, url = start_cli_server("--no-request-cache", "--model", str(default_model_dir), "--dtype", "fp32",
-                                   "--kv-cache-memory", "64MiB", "--shutdown-timeout-s", "2")
+                                   "--kv-cache-memory", "128MiB", "--shutdown-timeout-s", "2")
     try:
         wait_healthy(server, url, 120)
         body = {"model": MODEL, "prompt": "Count:", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
