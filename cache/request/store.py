@@ -318,7 +318,8 @@ def _own(path: str):
     the process dies, kill -9 included."""
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        owner = open(f"{path}.lock", "a+")          # noqa: SIM115 - held open until close()
+        # the file's real path: a symlink to another server's database named another lock file, and both served it
+        owner = open(f"{os.path.realpath(path)}.lock", "a+")          # noqa: SIM115 - held open until close()
     except OSError as exc:
         raise ValueError(f"cannot open request-cache store {path}: {exc}") from None
     try:

@@ -107,6 +107,9 @@ def test_a_second_store_on_one_file_is_refused_until_the_first_closes(tmp_path):
     first = SQLiteStore(path)
     with pytest.raises(ValueError, match=rf"cache.db is in use by pid {os.getpid()}: .*--cache-redis"):
         SQLiteStore(path)
+    (tmp_path / "link.db").symlink_to(path)                       # the same file by another name
+    with pytest.raises(ValueError, match=rf"link.db is in use by pid {os.getpid()}"):
+        SQLiteStore(str(tmp_path / "link.db"))
     first.close()
     SQLiteStore(path).close()
     (tmp_path / "junk.db").write_bytes(b"this is not a database" * 100)
