@@ -1,7 +1,10 @@
 """Our own view of a Llama-family config, read from a Hugging Face config or a named real shape."""
 
+import logging
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -9,6 +12,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
 }
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
 
 @dataclass(slots=True, frozen=True)
@@ -43,10 +47,20 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, hf: Any, name: str = "") -> "ModelConfig":
         """Translate a transformers PretrainedConfig (v4 or v5 field names)."""
-        archs = getattr(hf, "architectures", None) or ["LlamaForCausalLM"]
+        archs = getattr(hf, "architectures", None) or [_BY_MODEL_TYPE.get(getattr(hf, "model_type", None) or "llama",
+                                                                       f"model_type {hf.model_type!r}")]
         arch = SUPPORTED_ARCHITECTURES.get(archs[0])
         if arch is None:
             raise ValueError(f"architecture {archs[0]} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        act = getattr(hf, "hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"hidden_act {act!r} is not supported: the Llama-family MLP here is SwiGLU (silu)")
+        positions = hf.max_position_embeddings
+        window = getattr(hf, "sliding_window", None) if getattr(hf, "use_sliding_window", True) else None
+        if window and window < positions:       # within the window, full attention is the model's own
+            log.warning("%s attends within a sliding window of %d tokens, which is not implemented here: serving a "
+                        "context of %d", name or archs[0], window, window)
+            positions = window
         rope = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
         rope_theta = float(rope.pop("rope_theta", getattr(hf, "rope_theta", 10000.0)))
         if "type" in rope and "rope_type" not in rope:
@@ -66,7 +80,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=hf.rms_norm_eps,
             rope_theta=rope_theta,
-            max_position_embeddings=hf.max_position_embeddings,
+            max_position_embeddings=positions,
             tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
             attention_bias=arch == "qwen2" or bool(getattr(hf, "attention_bias", False)),
             rope_scaling=rope_scaling,

@@ -101,8 +101,9 @@ def fill_random(model: LlamaForCausalLM, seed: int) -> None:
 
 
 def load_safetensors(model: LlamaForCausalLM, path: Path) -> None:
-    """Copy HF tensors into our modules, fusing q/k/v and gate/up on the way."""
-    from safetensors import safe_open
+    """Copy HF tensors into our modules, fusing q/k/v and gate/up on the way. A file that is not safetensors, or a
+    tensor whose shape is not the parameter's (copy_ would broadcast [1, N] into [M, N]), is a ValueError naming it."""
+    from safetensors import SafetensorError, safe_open
 
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -113,29 +114,38 @@ def load_safetensors(model: LlamaForCausalLM, path: Path) -> None:
     fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
     for file in files:
-        with safe_open(file, framework="pt") as f:
-            for key in f.keys():
-                tensor = f.get_tensor(key)
-                module, _, leaf = key.rpartition(".")
-                parent, _, proj = module.rpartition(".")
-                if proj in fused:
-                    target, index = fused[proj]
-                    name = f"{parent}.{target}.{leaf}"
-                    parts = pending.setdefault(name, {})
-                    parts[index] = tensor
-                    if len(parts) == (3 if target == "qkv_proj" else 2):
-                        tensor = torch.cat([parts[i] for i in sorted(parts)])
+        try:
+            with safe_open(file, framework="pt") as f:
+                for key in f.keys():
+                    tensor = f.get_tensor(key)
+                    module, _, leaf = key.rpartition(".")
+                    parent, _, proj = module.rpartition(".")
+                    if proj in fused:
+                        target, index = fused[proj]
+                        name = f"{parent}.{target}.{leaf}"
+                        parts = pending.setdefault(name, {})
+                        parts[index] = tensor
+                        if len(parts) < (3 if target == "qkv_proj" else 2):
+                            continue
+                        try:
+                            tensor = torch.cat([parts[i] for i in sorted(parts)])
+                        except RuntimeError:
+                            raise ValueError(f"{file}: the parts of {name} have shapes that do not join: "
+                                             f"{[tuple(parts[i].shape) for i in sorted(parts)]}") from None
                         del pending[name]
                     else:
+                        name = key
+                    if name == "lm_head.weight" and model.config.tie_word_embeddings:
                         continue
-                else:
-                    name = key
-                if name == "lm_head.weight" and model.config.tie_word_embeddings:
-                    continue
-                if name not in params:
-                    raise ValueError(f"unexpected tensor {key} in {file.name}")
-                params[name].copy_(tensor)
-                loaded.add(name)
+                    if name not in params:
+                        raise ValueError(f"unexpected tensor {key} in {file.name}")
+                    if tensor.shape != params[name].shape:
+                        raise ValueError(f"{file}: {name} has shape {tuple(tensor.shape)}, the model's config.json "
+                                         f"makes it {tuple(params[name].shape)}")
+                    params[name].copy_(tensor)
+                    loaded.add(name)
+        except SafetensorError as exc:
+            raise ValueError(f"{file} is not a readable safetensors file ({exc})") from None
     missing = set(params) - loaded - ({"lm_head.weight"} if model.config.tie_word_embeddings else set())
     if missing or pending:
         raise ValueError(f"checkpoint in {path} lacks tensors: {sorted(missing | set(pending))[:5]}")

@@ -52,6 +52,8 @@ def load_tokenizer(config: EngineConfig, model_path: Path | None):
     from transformers import AutoTokenizer
 
     if config.tokenizer:
+        if not Path(config.tokenizer).is_dir():      # Strata never downloads: a name is not a Hub repository here
+            raise FileNotFoundError(f"--tokenizer {config.tokenizer} is not a folder")
         return AutoTokenizer.from_pretrained(config.tokenizer)
     source = model_path or default_model_dir()
     has_tokenizer = (source / "tokenizer.json").exists() or (source / "tokenizer_config.json").exists()
