@@ -79,8 +79,10 @@ class EngineConfig:
             raise ValueError(f"swap_space must be a finite number of GiB >= 0, got {self.swap_space}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1 token, got {self.max_model_len}")
-        if self.num_threads is not None and self.num_threads < 0:
-            raise ValueError(f"num_threads must be >= 1 (0 or none: torch's default), got {self.num_threads}")
+        most_threads = 8 * (os.cpu_count() or 1)       # 100,000 OpenMP threads segfaulted
+        if self.num_threads is not None and not 0 <= self.num_threads <= most_threads:
+            raise ValueError(f"num_threads must be in 1..{most_threads} here (0 or none: torch's default), "
+                             f"got {self.num_threads}")
         if not 0 <= self.engine_nice <= 19:
             raise ValueError(f"engine_nice must be in 0..19 (Linux nice), got {self.engine_nice}")
         parse_memory(self.kv_cache_memory)  # fail early on a malformed size
@@ -94,7 +96,10 @@ class EngineConfig:
     def resolve_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {self.device}: this torch has no CUDA device to use (a CPU build, or no GPU)")
+        return device
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         """bf16 on CUDA; on CPU what kernels.fastest_cpu_weights picks."""
@@ -164,4 +169,6 @@ def kv_cache_bytes(setting: str, device: torch.device) -> int:
         return int(free * 0.9) if device.type == "cuda" else int(min(free * 0.25, 4 * 2**30))
     if kind == "fraction":
         return int(free * amount)
+    if amount > free:       # the allocator's own error names no flag, and a size just under free invites the OOM killer
+        raise ValueError(f"--kv-cache-memory {setting} is more than the {free / 2**30:.1f} GiB free on {device.type}")
     return int(amount)

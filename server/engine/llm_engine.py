@@ -12,7 +12,7 @@ from strata.cache.kv.storage import KVLayout, KVStorage
 from strata.cache.kv.swap import SwapSpace
 from strata.kernels import get_backend
 from strata.models.loader import load_model
-from strata.server.engine.config import EngineConfig, kv_cache_bytes
+from strata.server.engine.config import EngineConfig, free_memory_bytes, kv_cache_bytes
 from strata.server.engine.cuda_graph_runner import DecodeGraphs, captures_decode_graphs
 from strata.server.engine.detokenizer import Detokenizer
 from strata.server.engine.fingerprint import model_fingerprint
@@ -85,6 +85,9 @@ class LLMEngine:
             self.max_model_len = num_blocks * config.block_size
         # One block past the scheduler's: the scratch block that padded rows of a decode graph write into.
         self.kv = KVStorage(self.kv_layout, num_blocks + 1, self.device)
+        if config.swap_space * 2**30 > free_memory_bytes(torch.device("cpu")):
+            raise ValueError(f"--swap-space {config.swap_space} GiB is more than the "
+                             f"{free_memory_bytes(torch.device('cpu')) / 2**30:.1f} GiB of free host memory")
         self.swap_space = SwapSpace(self.kv_layout, config.swap_space) if config.swap_space else None
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, self.fingerprint)
         self.scheduler = Scheduler(config, self.block_manager, self.swap_space,

@@ -2,6 +2,7 @@
 import dataclasses
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from strata.cache.request.config import RequestCacheConfig
@@ -171,3 +172,17 @@ def test_cache_quality_bench_takes_the_serve_flags_for_the_cache():
 def test_bench_sizes_that_cannot_run_are_refused_before_any_work(args, says):
     result = runner.invoke(cli.app, ["bench", *args])
     assert result.exit_code == 2 and says in result.output, result.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--num-threads", "100000"], "num_threads must be in 1.."),                    # segfaulted in OpenMP
+    (["--kv-cache-memory", "1e15"], "--kv-cache-memory 1e15 is more than the"),    # allocator traceback
+    (["--swap-space", "1000000"], "--swap-space 1000000.0 GiB is more than the"),
+    (["--device", "cuda"], "--device cuda: this torch has no CUDA device") if not torch.cuda.is_available() else
+    (["--device", "cpu", "--num-threads", "-1"], "num_threads must be in 1.."),
+])
+def test_engine_settings_this_machine_cannot_honour_are_one_line_errors(tiny_chat_model_dir, args, says):
+    result = runner.invoke(cli.app, ["generate", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
+                                     "--prompt", "hi", "--max-tokens", "2", *args], env={"COLUMNS": "250"})
+    assert result.exit_code != 0 and says in result.output, result.output
+    assert "Traceback" not in result.output
