@@ -1,6 +1,7 @@
 """`strata bench ...`: every benchmark as a command that prints JSON; engine flags are EngineConfig's fields."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -31,6 +32,15 @@ def _fail(message: str):
     raise typer.Exit(2)
 
 
+@contextlib.contextmanager
+def _input_errors_in_one_line():
+    """A model, setting or workload the engine refuses (ValueError, a missing file) as one line, not a traceback."""
+    try:
+        yield
+    except (ValueError, OSError) as exc:
+        _fail(f"{type(exc).__name__}: {exc}" if isinstance(exc, OSError) else str(exc))
+
+
 @bench_app.command("throughput")
 @config_command(engine=EngineConfig)
 def bench_throughput(
@@ -52,9 +62,10 @@ def bench_throughput(
 
     if min_prompt > max_prompt or min_output > max_output:
         _fail("--min-prompt / --min-output must not exceed --max-prompt / --max-output")
-    result = run_throughput(engine, num_requests=num_requests, prompt_range=(min_prompt, max_prompt),
-                            output_range=(min_output, max_output), hf_batch_size=hf_batch_size,
-                            batch1_tokens=batch1_tokens, skip_hf=skip_hf, workload_seed=workload_seed)
+    with _input_errors_in_one_line():
+        result = run_throughput(engine, num_requests=num_requests, prompt_range=(min_prompt, max_prompt),
+                                output_range=(min_output, max_output), hf_batch_size=hf_batch_size,
+                                batch1_tokens=batch1_tokens, skip_hf=skip_hf, workload_seed=workload_seed)
     _emit(result, as_json, out)
 
 
@@ -84,11 +95,14 @@ def bench_kv(
     oversubscribe."""
     from strata.server.bench.kv import plot_sweep, run_kv_sweep, sweep_report
 
+    if min_prompt > max_prompt:
+        _fail("--min-prompt must not exceed --max-prompt")
     load_at_start = os.getloadavg()
     config = _small_pool(engine, "32MiB")
     workload = dict(num_requests=num_requests, system_tokens=system_tokens, unique_range=(min_prompt, max_prompt),
                     output_tokens=output_tokens, ppl_tokens=ppl_tokens, workload_seed=workload_seed)
-    rows = run_kv_sweep(config, **workload)
+    with _input_errors_in_one_line():
+        rows = run_kv_sweep(config, **workload)
     if plot:
         plot_sweep(rows, plot)
     if out:  # the file also keeps the settings and capacity ratios needed to reproduce the rows
@@ -109,8 +123,9 @@ def bench_prefix(
     """TTFT with prefix caching on vs off for requests sharing a long system prompt."""
     from strata.server.bench.kv import run_prefix_ttft
 
-    result = run_prefix_ttft(_small_pool(engine, "1GiB"), num_requests=num_requests, system_tokens=system_tokens,
-                             workload_seed=workload_seed)
+    with _input_errors_in_one_line():
+        result = run_prefix_ttft(_small_pool(engine, "1GiB"), num_requests=num_requests, system_tokens=system_tokens,
+                                 workload_seed=workload_seed)
     _emit(result, as_json, out)
 
 
@@ -125,7 +140,9 @@ def bench_int8_accuracy(
     """Perplexity on a public-domain text and greedy agreement over 32 prompts: int8 (and bf16) KV vs fp32 KV."""
     from strata.server.bench.kv import run_int8_accuracy
 
-    _emit(run_int8_accuracy(_small_pool(engine, "1GiB"), max_tokens=max_tokens), as_json, out)
+    with _input_errors_in_one_line():
+        result = run_int8_accuracy(_small_pool(engine, "1GiB"), max_tokens=max_tokens)
+    _emit(result, as_json, out)
 
 
 @bench_app.command("spec")
@@ -156,7 +173,8 @@ def bench_spec(
     unknown = set(names) - set(known_workloads(1))
     if unknown:
         _fail(f"unknown workload(s) {sorted(unknown)}; known: {', '.join(known_workloads(1))}")
-    result = run_spec_bench(_small_pool(engine, "1GiB"), sizes, max_tokens, num_prompts, repeats, names or None)
+    with _input_errors_in_one_line():
+        result = run_spec_bench(_small_pool(engine, "1GiB"), sizes, max_tokens, num_prompts, repeats, names or None)
     if plot:
         plot_spec(result, plot)
     _emit(result, as_json, out)
@@ -174,7 +192,9 @@ def bench_weight_accuracy(
     dense fp32 weights."""
     from strata.server.bench.weights import run_weight_accuracy
 
-    _emit(run_weight_accuracy(_small_pool(engine, "1GiB"), max_tokens=max_tokens), as_json, out)
+    with _input_errors_in_one_line():
+        result = run_weight_accuracy(_small_pool(engine, "1GiB"), max_tokens=max_tokens)
+    _emit(result, as_json, out)
 
 
 @bench_app.command("cache-quality")

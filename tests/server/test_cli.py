@@ -168,6 +168,9 @@ def test_cache_quality_bench_takes_the_serve_flags_for_the_cache():
     (["spec", "--batch-sizes", "0"], "positive integers"),
     (["spec", "--workloads", "bogus"], "unknown workload"),
     (["cache-quality", "--split", "bogus", "--pairs", "x.csv"], "--split takes train, calib or val"),
+    (["kv", "--min-prompt", "50", "--max-prompt", "10"], "--min-prompt must not exceed --max-prompt"),
+    (["throughput", "--model", "/nonexistent", "--skip-hf"], "FileNotFoundError: model path /nonexistent"),
+    (["kv", "--kv-cache-memory", "1e3"], "holds no block"),
 ])
 def test_bench_sizes_that_cannot_run_are_refused_before_any_work(args, says):
     result = runner.invoke(cli.app, ["bench", *args])
