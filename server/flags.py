@@ -132,8 +132,8 @@ def read_config_file(path: Path, roots: dict[str, type]) -> dict[str, dict]:
 def _checked(value: Any, hint, where: str) -> Any:
     """A file's value for a scalar field, of the field's type (an int where a float goes; a path as a string)."""
     kind, optional = _scalar(hint)
-    if value is None and optional:
-        return value
+    if optional and (value is None or isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None     # TOML has no null: "none" is how a file says it, as on the command line
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is Path and isinstance(value, str):

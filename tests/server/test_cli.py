@@ -84,7 +84,7 @@ def test_invalid_values_are_clear_errors(served):
     ("--device", "gpu", "unknown device 'gpu'"),
     ("--swap-space", "nan", "swap_space must be a finite number"),
     ("--max-model-len", "-5", "max_model_len must be >= 1"),
-    ("--num-threads", "-1", "num_threads must be >= 1"),
+    ("--num-threads", "-1", "num_threads must be in 1.."),
     ("--engine-restart-window-s", "nan", "engine_restart_window_s finite and > 0"),
     ("--cache-follow-timeout-s", "-1", "follow_timeout_s must be a finite number of seconds > 0"),
     ("--cache-redis-timeout-s", "nan", "redis_timeout_s must be a finite number of seconds > 0"),
@@ -133,6 +133,15 @@ def test_config_file_that_is_not_utf8_is_a_clear_error(served, tmp_path):
     path.write_bytes(b"\xff\xfe[engine]\n")
     result, _ = serve(served, "--config", str(path))
     assert result.exit_code == 2 and "cannot read" in result.output
+
+
+def test_config_file_says_none_as_the_command_line_does(served, tmp_path):
+    """TOML has no null: `db = "none"` made a SQLite file named none instead of the in-memory store."""
+    path = tmp_path / "strata.toml"
+    path.write_text('[engine]\nmax_model_len = "none"\n[server.cache]\ndb = "none"\n')
+    result, (engine, server) = serve(served, "--config", str(path))
+    assert result.exit_code == 0, result.output
+    assert engine.max_model_len is None and server.cache.db is None
 
 
 def test_config_file_floats_take_ints_and_paths_take_strings(served, tmp_path):
