@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from strata.cache.request.embedders import EMBEDDERS  # numpy only: the models load on first use
+
 TEMPERATURE_RULES = ("seeded-exact", "exact", "bypass")
 
 
@@ -77,6 +79,9 @@ class RequestCacheConfig:
             raise ValueError("write_queue_size must be >= 1")
         if self.miss_limit < 1:
             raise ValueError("miss_limit must be >= 1")
+        if self.embedder not in (*EMBEDDERS, "auto", "none"):      # a typo served exact-only with a warning
+            raise ValueError(f"embedder {self.embedder!r} is unknown; choose one of "
+                             f"{sorted(EMBEDDERS) + ['auto', 'none']}")
         if self.semantic_top_k < 1 or self.semantic_rerank < 1 or self.hnsw_min_size < 1 or self.embed_cache_size < 1:
             raise ValueError("semantic_top_k, semantic_rerank, hnsw_min_size and embed_cache_size must be >= 1")
         if not 0.0 < self.semantic_max_error < 1.0:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -47,6 +48,21 @@ class EngineFailed(RuntimeError):
     """The engine process died more often than the restart policy allows: the server stopped (exit status 1)."""
 
 
+def check_listen(host: str, port: int) -> None:
+    """ValueError naming the flags when the address cannot be listened on: found at the start, not after the model,
+    kernels and caches have loaded (a taken port failed only then, with uvicorn's message naming neither flag)."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host}: {exc.strerror}") from None
+    with socket.socket(family, kind) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as uvicorn binds it
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise ValueError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
+
+
 def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
     """Load the model (in the engine process) and the caches (here, meanwhile), then serve until interrupted
     (`strata serve`). EngineStartError when the engine cannot be built, OSError/ValueError for a bad keys file,
@@ -63,10 +79,13 @@ def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
             server.should_exit = True
 
     exit_on_sigterm()
+    check_listen(config.host, config.port)
     engine = EngineClient(engine_config, restart_policy(config), on_failed=give_up)
     try:                    # start() inside: a SIGTERM between the spawn and its return must still stop the process
         engine.start()
         cache = build_cache(config.cache) if config.request_cache else None
+        if "cache" in engine_config.speculative.split("+") and (cache is None or cache.semantic is None):
+            log.warning("--speculative cache drafts from the semantic cache's close answers: with it off, nothing")
         engine.wait_ready()
         exit_if_signalled()
         server = uvicorn.Server(uvicorn.Config(create_app(engine, cache, auth=auth, config=config), host=config.host,

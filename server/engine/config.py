@@ -27,7 +27,7 @@ class EngineConfig:
 
     model: str | None = None  # local Hugging Face model folder; none = the default model (converted on first use)
     load_format: str = "auto"  # auto (safetensors in the folder) or dummy (random weights of --model-config)
-    model_config: str | None = None  # named model shape for dummy weights (e.g. llama-3.2-1b)
+    model_config: str | None = None  # named model shape for dummy weights (e.g. Llama-3.2-1B)
     tokenizer: str | None = None  # tokenizer folder; none = the model's (dummy weights: the default model's)
     dtype: str = "auto"  # weights and activations: auto (bf16 on CUDA; on CPUs with AVX512_BF16 bf16 weights and dot products with fp32 activations, else fp32 math over fp16 weights) | fp32 | bf16 | fp16
     quantization: str = "auto"  # weights kept compact (CPU): auto (what --dtype picks) | none | f16 | bf16 (bf16 dot products) | int8 (Q8_0) | int4 (Q4_1; lm_head Q8_0) | gguf (the folder's .gguf blocks as stored)
@@ -68,6 +68,12 @@ class EngineConfig:
             raise ValueError(f"prefill_beside_decodes must be >= 1 token, got {self.prefill_beside_decodes}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}")
+        if self.preemption_mode == "swap" and not self.swap_space:
+            raise ValueError("preemption_mode swap needs --swap-space (GiB of host memory to swap blocks to); "
+                             "without it sequences are recomputed")
+        if self.load_format != "dummy" and self.model_config is not None:
+            raise ValueError(f"--model-config {self.model_config} names a shape for --load-format dummy; real weights "
+                             "take theirs from the model folder's config.json")
         if self.speculative not in SPECULATIVE:
             raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE)}, got {self.speculative!r}")
         if self.speculative_policy not in SPECULATIVE_POLICIES:

@@ -40,7 +40,9 @@ def model_fingerprint(config: EngineConfig, model_path: Path | None, dtype: torc
     folders = [p for p in (model_path, Path(config.tokenizer) if config.tokenizer else None) if p is not None]
     files = sorted({f for folder in folders for pattern in ("*.safetensors", "*.gguf", *_TEXT_FILES)
                     for f in folder.glob(pattern) if f.is_file()}, key=lambda f: (f.name, os.fspath(f)))
-    ident = "|".join([config.load_format, str(config.model_config), str(config.dummy_weights_seed), str(dtype),
+    # the dummy shape and seed only where they make the weights (a stray flag moved every stored answer elsewhere)
+    dummy = [str(config.model_config), str(config.dummy_weights_seed)] if config.load_format == "dummy" else []
+    ident = "|".join([config.load_format, *dummy, str(dtype),
                       kv_dtype, *([weight_format] if weight_format != "none" else []),
                       *(f"{f.name}:{file_digest(f)}" for f in files)])
     return xxhash.xxh3_64_hexdigest(ident.encode())[:12]

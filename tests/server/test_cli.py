@@ -91,6 +91,9 @@ def test_invalid_values_are_clear_errors(served):
     ("--cache-negative-ttl-s", "inf", "negative_ttl_s must be a finite number of seconds >= 0"),
     ("--cache-default-temperature", "nan", "default_temperature must be in [0, 2]"),
     ("--cache-review-below", "7", "review_below a similarity in [-1, 1]"),
+    ("--preemption-mode", "swap", "preemption_mode swap needs --swap-space"),           # silently recomputed
+    ("--model-config", "tiny-llama", "names a shape for --load-format dummy"),            # silently ignored
+    ("--cache-embedder", "bogus", "embedder 'bogus' is unknown"),                         # served exact-only
 ])
 def test_settings_are_checked_before_the_engine_starts(served, flag, value, says):
     """Refused at the command line with the setting's name, not by a traceback from the engine process."""

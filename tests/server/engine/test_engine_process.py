@@ -143,6 +143,24 @@ def test_an_engine_stopped_twice_or_before_it_starts_stays_down_and_raises_nothi
     assert early.ready.is_set() and early.dead.is_set() and early.process.pid is None
 
 
+def test_an_address_that_cannot_be_listened_on_is_refused_before_anything_loads(tiny_chat_model_dir):
+    """A taken port (or a host that does not resolve) failed only after the model, kernels and caches had loaded,
+    with uvicorn's message naming neither flag."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for host in ("127.0.0.1", "999.1.1.1"):
+            started = time.monotonic()
+            server = subprocess.run([sys.executable, "-m", "strata.server.cli", "serve", "--host", host, "--port",
+                                     str(port), "--model", str(tiny_chat_model_dir)], capture_output=True, text=True,
+                                    timeout=120)
+            assert server.returncode == 2 and f"error: --host {host}" in server.stderr, server.stderr[-300:]
+            assert "weights:" not in server.stderr and time.monotonic() - started < 60    # no engine was started
+
+
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
 def test_engine_process_exits_when_the_server_is_killed(tiny_chat_model_dir):
     server, url = start_cli_server("--no-request-cache", "--model", str(tiny_chat_model_dir), "--dtype", "fp32",
