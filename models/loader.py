@@ -21,6 +21,10 @@ def read_config(path: Path) -> ModelConfig:
     """Read config.json of a local model folder (clear error when the folder is not a model)."""
     from transformers import AutoConfig
 
+    if path.suffix == ".gguf" and path.is_file():
+        raise FileNotFoundError(f"model path {path} is a GGUF file: point --model at its folder, which needs the "
+                                "config.json and safetensors converted from it (--quantization gguf then serves the "
+                                "folder's .gguf blocks as they are)")
     if not path.is_dir():
         raise FileNotFoundError(f"model path {path} does not exist or is not a folder")
     if not (path / "config.json").exists():

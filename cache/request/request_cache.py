@@ -380,8 +380,8 @@ class RequestCache:
             outcome = await asyncio.wait_for(asyncio.shield(flight.future), self.config.follow_timeout_s)
         except TimeoutError:                # the leader hangs: drop its flight so the next request leads afresh
             self._stats.count("single_flight.timeout")
-            self.flights.finish(flight, RELEASED)
-            return None
+            self.flights.drop(flight)       # the other followers wait out their own time (releasing them all let
+            return None                     # every one compute at once while a slow leader still ran)
         except Exception as exc:
             if match is not None:
                 return None

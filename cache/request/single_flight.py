@@ -97,15 +97,20 @@ class SingleFlight:
             loop.call_soon_threadsafe(resolve)
 
     def drop(self, flight: Flight) -> None:
-        """Forget a flight kept by finish(until_stored=True); from the writer thread, so the removal runs on the
-        flight's loop, after the finish() that kept it."""
+        """Forget a flight: one kept by finish(until_stored=True), from the writer thread (the removal runs on the
+        flight's loop, after the finish() that kept it), or a hung one, on its loop (removed at once, so the next
+        request leads afresh)."""
 
         def remove() -> None:
             if self.flights.get(flight.key.flight) is flight:
                 del self.flights[flight.key.flight]
 
         loop = flight.future.get_loop()
-        if loop.is_closed():
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if loop.is_closed() or on_loop:
             remove()
         else:
             loop.call_soon_threadsafe(remove)

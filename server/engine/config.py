@@ -33,7 +33,7 @@ class EngineConfig:
     quantization: str = "auto"  # weights kept compact (CPU): auto (what --dtype picks) | none | f16 | bf16 (bf16 dot products) | int8 (Q8_0) | int4 (Q4_1; lm_head Q8_0) | gguf (the folder's .gguf blocks as stored)
     kv_dtype: str = "auto"  # KV cache: auto (= dtype) | fp32 | bf16 | fp16 | int8 (a scale per token and KV head)
     block_size: int = 16  # tokens per KV block (8, 16, 32, 64 or 128)
-    kv_cache_memory: str = "auto"  # KV pool: bytes ("2GiB") or a fraction of free memory ("0.5"); auto: see kv_cache_bytes
+    kv_cache_memory: str = "auto"  # KV pool: bytes ("2GiB") or a fraction of free memory ("0.5"); auto: a quarter of free host memory up to 4 GiB on CPU, 90% of free GPU memory on CUDA
     max_num_seqs: int = 64  # most sequences in one step
     max_num_batched_tokens: int = 2048  # most tokens in one step (prefill chunks + decodes)
     prefill_beside_decodes: int | None = None  # most prompt tokens a step prefills while other requests decode in it (their inter-token time is that step's); none = auto: 256 on CPU, max_num_batched_tokens on CUDA

@@ -508,6 +508,28 @@ def test_a_dropped_or_hung_leader_does_not_block_the_next_request():
     cache.close()
 
 
+def test_a_follower_that_stops_waiting_leaves_the_others_waiting():
+    """The first follower to time out released every follower at once, so all computed while a slow leader still
+    ran; each waits out its own time now, and the next request after a timeout leads afresh."""
+    cache = make(follow_timeout_s=0.3)
+
+    async def go():
+        leader = await cache.lookup(chat("Explain merge sort"))
+        early = asyncio.create_task(cache.lookup(chat("Explain merge sort")))
+        await asyncio.sleep(0.2)
+        late = asyncio.create_task(cache.lookup(chat("Explain merge sort")))       # joined 0.2 s after the first
+        first = await early
+        assert first.layer == "miss" and not late.done()         # the first gave up and leads; the second waits on
+        leader.complete("Split, sort both halves, merge.")
+        second = await late
+        first.complete("Split, sort both halves, merge.")
+        return second
+
+    second = run(go())
+    assert (second.layer, second.hit.text) == ("shared", "Split, sort both halves, merge.")
+    cache.close()
+
+
 def test_memory_layer_is_bounded_but_the_store_keeps_everything():
     cache = make(memory_max_entries=2)
 
