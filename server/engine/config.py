@@ -18,7 +18,8 @@ PREEMPTION_MODES = ("swap", "recompute")
 SPECULATIVE = ("off", "ngram", "cache", "ngram+cache")
 SPECULATIVE_POLICIES = ("cost", "always")
 QUANTIZATIONS = ("auto", "none", "f16", "bf16", "int8", "int4", "gguf")
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
 
 
 @dataclass(slots=True)
