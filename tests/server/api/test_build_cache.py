@@ -14,9 +14,21 @@ def test_a_named_calibration_file_that_does_not_load_stops_the_start(tmp_path, n
         build_cache(RequestCacheConfig(db=None, semantic_calibration=str(tmp_path / name)))
 
 
-def test_without_a_named_file_a_semantic_layer_that_cannot_load_degrades(caplog):
-    cache = build_cache(RequestCacheConfig(db=None, embedder="no-such-embedder"))
-    assert cache.semantic is None and "semantic cache off" in caplog.text
+def test_without_a_named_file_a_semantic_layer_that_cannot_load_degrades(caplog, monkeypatch):
+    from strata.cache.request.semantic import SemanticCache
+
+    def unreadable(cls, config):
+        raise OSError("model file unreadable")
+
+    monkeypatch.setattr(SemanticCache, "from_config", classmethod(unreadable))
+    cache = build_cache(RequestCacheConfig(db=None))
+    assert cache.semantic is None and "semantic cache off (OSError: model file unreadable)" in caplog.text
+
+
+def test_an_unknown_embedder_is_a_configuration_error():
+    """A typo served exact-only with a warning; `strata calibrate --embedder` refused it."""
+    with pytest.raises(ValueError, match="embedder 'no-such-embedder' is unknown"):
+        RequestCacheConfig(db=None, embedder="no-such-embedder")
 
 
 def test_a_store_held_by_another_server_is_refused_before_the_embedders_load(tmp_path, monkeypatch):

@@ -22,8 +22,10 @@ _ids = itertools.count()
 
 
 def scheduler(num_blocks: int, mode: str = "swap", swap_slots: int = 0, **config) -> Scheduler:
-    swap = SwapSpace(LAYOUT, swap_slots * LAYOUT.block_bytes / 2**30) if swap_slots else None
-    return Scheduler(EngineConfig(preemption_mode=mode, swap_space=0.0, **config),
+    gib = swap_slots * LAYOUT.block_bytes / 2**30
+    swap = SwapSpace(LAYOUT, gib) if swap_slots else None
+    # swap mode needs swap space (EngineConfig refuses it without): none to swap to is recompute
+    return Scheduler(EngineConfig(preemption_mode=mode if swap_slots else "recompute", swap_space=gib, **config),
                      BlockManager(num_blocks, BLOCK, True), swap)
 
 
