@@ -20,11 +20,13 @@ and after more deaths than RestartPolicy allows within its window the client giv
 import asyncio
 import logging
 import multiprocessing as mp
+import signal
 import threading
 import time
 import traceback
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from strata.server.engine.input_processor import InputProcessor, ModelInfo, Requ
 from strata.server.engine.llm_engine import RequestOutput
 from strata.server.engine.sequence import Sequence
 
-START_TIMEOUT_S = 600
+PROGRESS_EVERY_S = 30          # a slow start says it is still loading this often
 log = logging.getLogger("strata.engine")
 
 
@@ -73,10 +75,27 @@ class RestartPolicy:
     window_s: float = 300.0
     backoff_s: float = 1.0           # first delay before a restart, doubled after each death in the window
     max_backoff_s: float = 30.0
+    start_timeout_s: float = 600.0   # a start or restart that reports no engine by then has failed
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0 or self.window_s <= 0 or self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
             raise ValueError("need max_restarts >= 0, window_s > 0 and 0 <= backoff_s <= max_backoff_s")
+        if not 0 < self.start_timeout_s < float("inf"):
+            raise ValueError(f"the start timeout must be a finite number of seconds > 0, got {self.start_timeout_s}")
+
+
+@contextmanager
+def sigint_ignored():
+    """SIGINT ignored while a child is spawned, so the child starts with it ignored (the engine process leaves Ctrl-C
+    to the server, which stops it); only the main thread may change it, and restarts spawn from another."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class EngineProcess:
@@ -111,7 +130,8 @@ class EngineProcess:
                 self.ready.set()
                 return
             self.spawned = time.monotonic()
-            self.process.start()
+            with sigint_ignored():              # inherited through the spawn: Ctrl-C during the child's imports
+                self.process.start()            # printed a KeyboardInterrupt traceback from it
             self._child_end.close()          # so the reader sees EOF when the engine process dies
             self.reader.start()
 
@@ -240,17 +260,23 @@ class EngineClient:
             raise EngineStartError.of(exc) from exc
         self.current.start()
 
-    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> InputProcessor:
-        """Load the tokenizer here while the engine process builds the engine, then wait for its ModelInfo;
-        EngineStartError (engine process stopped) if either fails."""
+    def wait_ready(self) -> InputProcessor:
+        """Load the tokenizer here while the engine process builds the engine, then wait for its ModelInfo (saying
+        every PROGRESS_EVERY_S that it is still loading: a first start converts the model and builds kernels);
+        EngineStartError (engine process stopped) if either fails or none comes within the start timeout."""
         try:
             tokenizer = load_tokenizer(self.config, self.model_path)
         except (OSError, ValueError) as exc:
             self.stop()
             raise EngineStartError.of(exc) from exc
-        if not self.current.ready.wait(timeout):
-            self.stop()
-            raise EngineStartError(f"no engine within {timeout:.0f} s")
+        timeout = self.restart.start_timeout_s
+        deadline = time.monotonic() + timeout
+        while not self.current.ready.wait(max(0.0, min(PROGRESS_EVERY_S, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise EngineStartError(f"no engine within {timeout:.0f} s (--engine-start-timeout-s)")
+            log.info("the engine is still loading (%.0f s of --engine-start-timeout-s %.0f)",
+                     timeout - (deadline - time.monotonic()), timeout)
         if self.current.info is None:     # the reader gave up before any ModelInfo came: its error says why
             error = self.current.error
             self.stop()
@@ -357,7 +383,7 @@ class EngineClient:
         engine = EngineProcess(self.config, self.num_threads, self._on_update)
         self.current = engine
         engine.start()
-        engine.ready.wait(START_TIMEOUT_S)
+        engine.ready.wait(self.restart.start_timeout_s)
         if self.state == "stopped":
             engine.stop()
             return

@@ -143,6 +143,26 @@ def test_an_engine_stopped_twice_or_before_it_starts_stays_down_and_raises_nothi
     assert early.ready.is_set() and early.dead.is_set() and early.process.pid is None
 
 
+def test_the_engine_process_starts_with_ctrl_c_ignored_and_a_start_past_its_timeout_fails(tiny_chat_engine):
+    """Ctrl-C during the child's imports printed a KeyboardInterrupt traceback from it (the server stops it); a start
+    had 600 s fixed, now --engine-start-timeout-s."""
+    from strata.server.engine.engine_client import EngineClient, EngineStartError, RestartPolicy
+
+    engine = EngineClient(tiny_chat_engine, RestartPolicy(start_timeout_s=0.05))
+    engine.start()
+    try:
+        pid = engine.current.process.pid
+        ignored = next(int(line.split()[1], 16) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                       if line.startswith("SigIgn:"))
+        assert ignored & (1 << (signal.SIGINT - 1)), hex(ignored)        # before its own code could set it
+        with pytest.raises(EngineStartError, match="no engine within 0 s"):
+            engine.wait_ready()
+    finally:
+        engine.stop()
+    with pytest.raises(ValueError, match="start timeout"):
+        RestartPolicy(start_timeout_s=0)
+
+
 def test_an_address_that_cannot_be_listened_on_is_refused_before_anything_loads(tiny_chat_model_dir):
     """A taken port (or a host that does not resolve) failed only after the model, kernels and caches had loaded,
     with uvicorn's message naming neither flag."""
