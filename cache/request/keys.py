@@ -12,6 +12,10 @@ from strata.cache.request.templating import Templated, template_request
 
 # Request fields that do not change the answer text, so they do not split the cache.
 _NOT_IN_KEY = frozenset({"stream", "stream_options", "user"})
+# The engine decodes greedily below this temperature (server.engine.sampling_params.MIN_TEMPERATURE, which this
+# layer may not import; a test keeps the two equal): such a request gets the greedy answer, so it is cached as one.
+GREEDY_BELOW = 1e-5
+_NOT_IN_GREEDY_KEY = ("top_p", "top_k", "seed")    # greedy decoding never reads them
 
 
 class NotCacheable(Exception):
@@ -64,8 +68,14 @@ def _canonical(value: object) -> object:
 
 
 def sampling_key(sampling: dict) -> str:
-    """Sorted canonical JSON of the params that change the answer: 0 == 0.0, stop "x" == ["x"], None dropped."""
+    """Sorted canonical JSON of the params that change the answer: 0 == 0.0, stop "x" == ["x"], None dropped, and at a
+    greedy temperature one key whatever seed, top_p or top_k say (they split greedy answers for nothing)."""
     params = {k: _canonical(v) for k, v in sampling.items() if v is not None and k not in _NOT_IN_KEY}
+    temperature = params.get("temperature")
+    if isinstance(temperature, float) and 0 <= temperature < GREEDY_BELOW:   # 0 and 1e-6 decode alike
+        params["temperature"] = 0.0
+        for name in _NOT_IN_GREEDY_KEY:
+            params.pop(name, None)
     if isinstance(params.get("stop"), str):
         params["stop"] = [params["stop"]]
     return json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

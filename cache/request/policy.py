@@ -12,12 +12,8 @@ from pathlib import Path
 import opencc
 from cachetools import LRUCache, cached
 
-from strata.cache.request.keys import RequestKey
+from strata.cache.request.keys import GREEDY_BELOW, RequestKey
 from strata.cache.request.request import CacheRequest
-
-# The engine decodes greedily below this temperature (server.engine.sampling_params.MIN_TEMPERATURE, which this
-# layer may not import; a test keeps the two equal): such a request gets the greedy answer, so it is cached as one.
-GREEDY_BELOW = 1e-5
 
 
 @dataclass(slots=True)

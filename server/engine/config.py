@@ -18,6 +18,7 @@ PREEMPTION_MODES = ("swap", "recompute")
 SPECULATIVE = ("off", "ngram", "cache", "ngram+cache")
 SPECULATIVE_POLICIES = ("cost", "always")
 QUANTIZATIONS = ("auto", "none", "f16", "bf16", "int8", "int4", "gguf")
+MAX_NUM_SEQS = 4096     # CUDA graphs and per-step buffers are sized by it: 10^8 would try to allocate them
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
           "tib": 2**40}
 
@@ -63,8 +64,8 @@ class EngineConfig:
             raise ValueError(f"unknown device {self.device!r}; choose auto, cpu, cuda or cuda:N")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
-        if self.max_num_seqs <= 0 or self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError("need max_num_seqs > 0 and max_num_batched_tokens >= max_num_seqs")
+        if not 0 < self.max_num_seqs <= MAX_NUM_SEQS or self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"need 0 < max_num_seqs <= {MAX_NUM_SEQS} and max_num_batched_tokens >= max_num_seqs")
         if self.prefill_beside_decodes is not None and self.prefill_beside_decodes < 1:
             raise ValueError(f"prefill_beside_decodes must be >= 1 token, got {self.prefill_beside_decodes}")
         if self.preemption_mode not in PREEMPTION_MODES:

@@ -92,6 +92,7 @@ def test_invalid_values_are_clear_errors(served):
     ("--cache-default-temperature", "nan", "default_temperature must be in [0, 2]"),
     ("--cache-review-below", "7", "review_below a similarity in [-1, 1]"),
     ("--preemption-mode", "swap", "preemption_mode swap needs --swap-space"),           # silently recomputed
+    ("--max-num-seqs", "100000000", "max_num_seqs <= 4096"),
     ("--model-config", "tiny-llama", "names a shape for --load-format dummy"),            # silently ignored
     ("--cache-embedder", "bogus", "embedder 'bogus' is unknown"),                         # served exact-only
 ])

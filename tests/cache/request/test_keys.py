@@ -105,7 +105,7 @@ def test_everything_that_changes_the_answer_changes_the_key():
     variants = [
         req(tenant="other"), req(model="m@2"), req(system="Answer in French."),
         req(history=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]),
-        req(temperature=0, max_tokens=10), req(temperature=0, top_p=0.5), req(temperature=0, stop=["\n"]),
+        req(temperature=0, max_tokens=10), req(temperature=0.7, top_p=0.5, seed=1), req(temperature=0, stop=["\n"]),
         req(temperature=0, tools=[{"type": "function", "function": {"name": "f"}}]),
         req(temperature=0, response_format={"type": "json_object"}),
         req("What is the capital of Spain?"),
@@ -120,6 +120,14 @@ def test_sampling_is_sorted_and_canonical():
     assert sampling_key({"stream": True, "user": "u1", "seed": None}) == sampling_key({})
     with pytest.raises(ValueError, match="not JSON"):
         sampling_key({"temperature": object()})
+
+
+def test_greedy_keys_ignore_what_greedy_decoding_never_reads():
+    """seed, top_p and top_k split greedy answers for nothing, and so did 0 against 1e-6 (lost hits, audit 7)."""
+    greedy = sampling_key({"temperature": 0})
+    assert sampling_key({"temperature": 1e-6, "seed": 7, "top_p": 0.5, "top_k": 40}) == greedy
+    sampled = [sampling_key({"temperature": 0.7, **extra}) for extra in ({}, {"seed": 7}, {"top_p": 0.5}, {"top_k": 40})]
+    assert len(set(sampled)) == 4 and greedy not in sampled
 
 
 def test_partition_layout_and_personal_templating():

@@ -133,6 +133,7 @@ def test_settings_that_do_not_change_the_answer_still_hit(server):
     assert cached(server, question, user="someone-else") == "exact"
     assert cached(server, question, repetition_penalty=1.0, presence_penalty=0, min_tokens=0,
                   ignore_eos=False, skip_special_tokens=True, stop_token_ids=[]) == "exact"
+    assert cached(server, question, seed=7, top_p=0.5) == "exact"      # greedy never reads them
 
 
 def test_the_length_limit_an_answer_was_made_under_is_in_its_key(server):
