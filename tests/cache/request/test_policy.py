@@ -121,6 +121,11 @@ def test_real_time_questions_of_other_wordings_and_languages_bypass(policy, text
     ("Reset my pw please", "security"), ("What's the WiFi code?", "security"),
     ("Is it lawful to record a phone call?", "legal"), ("Do I need a permit to build a fence?", "legal"),
     ("Can my employer fire me for being sick?", "legal"),
+    ("How many yen is a dollar worth?", "realtime"), ("Convert 100 dollars to euros", "realtime"),
+    ("What's gold trading at?", "realtime"), ("Who's the president of France?", "realtime"),
+    ("Recommend a restaurant near me", "realtime"), ("Wie spät ist es?", "realtime"), ("¿Qué hora es?", "realtime"),
+    ("I forgot my passwd", "security"), ("Can I get sued for this?", "legal"),
+    ("Is it against the law to record a call?", "legal"), ("What should I invest my savings in?", "money"),
 ])
 def test_phrasings_an_audit_found_cached_now_bypass(policy, text, reason):
     assert decide(policy, text).reason == reason
@@ -137,8 +142,9 @@ def test_a_question_about_a_personal_value_bypasses(policy):
     assert not decide(policy, "My name is Alice. Recommend a book for me.").bypass
 
 
-@pytest.mark.parametrize("text", ["Какая сегодня погода?", "今日の天気は？", "오늘 날씨 어때?", "ما هو سعر الذهب"])
-def test_scripts_the_rules_cannot_read_bypass(policy, text):
+@pytest.mark.parametrize("text", ["Какая сегодня погода?", "今日の天気は？", "오늘 날씨 어때?", "ما هو سعر الذهب",
+                                  "Bugün hava nasıl?", "Hôm nay thời tiết thế nào?"])     # Latin letters of others
+def test_languages_the_rules_cannot_read_bypass(policy, text):
     d = decide(policy, text)
     assert d.bypass and not d.write and d.reason == "unvetted-language"
 
@@ -150,18 +156,6 @@ def test_scripts_the_rules_cannot_read_bypass(policy, text):
 ])
 def test_traditional_chinese_is_read_as_its_simplified_twin(policy, text, reason):
     """The rules are written in Simplified characters; Traditional text (and the 帐 variant of 账) was cached."""
-    assert decide(policy, text).reason == reason
-
-
-@pytest.mark.parametrize("text, reason", [
-    ("How many yen is a dollar worth?", "realtime"), ("Convert 100 dollars to euros", "realtime"),
-    ("What's gold trading at?", "realtime"), ("Who's the president of France?", "realtime"),
-    ("Recommend a restaurant near me", "realtime"), ("Wie spät ist es?", "realtime"), ("¿Qué hora es?", "realtime"),
-    ("I forgot my passwd", "security"), ("Can I get sued for this?", "legal"),
-    ("Is it against the law to record a call?", "legal"), ("What should I invest my savings in?", "money"),
-    ("Bugün hava nasıl?", "unvetted-language"), ("Hôm nay thời tiết thế nào?", "unvetted-language"),
-])
-def test_more_phrasings_and_languages_an_audit_found_cached_now_bypass(policy, text, reason):
     assert decide(policy, text).reason == reason
 
 
