@@ -13,7 +13,9 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    ValidationInfo,
     WithJsonSchema,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -120,6 +122,14 @@ class _Common(Strict):
     cache: CacheMode = "auto"
     cache_tags: list[str] = Field(default_factory=list)
     similar_note: StrictBool | None = None   # None = the server's setting
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_only_when_streaming(cls, value, info: ValidationInfo):
+        """Stream options on a whole answer would be ignored (OpenAI and vLLM refuse them too)."""
+        if value is not None and not info.data.get("stream"):
+            raise PydanticCustomError("invalid_value", "only allowed when stream is true")
+        return value
 
     def answer_extensions(self) -> dict:
         """The extensions set away from their defaults: they change the answer, so they split the exact cache (a

@@ -234,6 +234,8 @@ def test_disconnect_while_waiting_for_a_whole_answer_aborts_and_frees_blocks(ser
      "unsupported_parameter"),
     (lambda c: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
                                          extra_body={"mirostat": 2}), "mirostat", "unknown_parameter"),
+    (lambda c: c.completions.create(model=MODEL, prompt="Hi", stream_options={"include_usage": True}),
+     "stream_options", "invalid_value"),     # a whole answer would ignore them
 ])
 def test_unsupported_fields_are_refused_by_name_via_openai_client(server, call, param, code):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="key-acme", max_retries=0)

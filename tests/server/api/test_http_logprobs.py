@@ -9,6 +9,9 @@ import torch
 from helpers.http_server import MODEL, client
 from transformers import AutoModelForCausalLM
 
+from strata.server.api.logprobs import LogprobsFormat
+from strata.server.engine.logprobs import TokenLogprob
+
 pytestmark = [pytest.mark.http, pytest.mark.slow]
 
 HI = [{"role": "user", "content": "Say hi."}]
@@ -70,6 +73,33 @@ def test_completion_logprobs_match_hf_log_softmax(server, default_model_dir):
         top_values, top_ids = expected[pos].topk(2)
         assert lp.top_logprobs[pos] == pytest.approx(
             {tokenizer.decode([t]): v for t, v in zip(top_ids.tolist(), top_values.tolist(), strict=True)}, abs=1e-4)
+
+
+EMOJI = "Party emoji: \U0001f389\U0001f389 and \U0001f469 ok"    # each emoji is 3 byte-level tokens here
+
+
+def test_tokens_inside_a_character_keep_their_bytes_offsets_and_alternatives(server):
+    """Byte-level tokens that are part of a multi-byte character: their own bytes (joined, the text), a text that
+    tells them apart (`bytes:\\x..`), offsets inside the text, and every alternative in the completions dict (all
+    read U+FFFD alone, so the dict kept one, with the least likely one's logprob)."""
+    out = client(server).completions.create(model=MODEL, prompt=EMOJI, max_tokens=0, echo=True, logprobs=5)
+    lp = out.choices[0].logprobs
+    assert out.choices[0].text == EMOJI
+    partial = [t for t in lp.tokens if t.startswith("bytes:")]
+    assert len(partial) >= 6 and len(set(lp.tokens)) < len(lp.tokens)     # the emoji's pieces, the repeated ones
+    assert all(len(top) == 5 for top in lp.top_logprobs[1:])
+    starts = [lp.text_offset[i] for i, t in enumerate(lp.tokens) if not t.startswith("bytes:")]
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[-1] < len(EMOJI)
+    assert all(EMOJI[o:].startswith(t) for o, t in zip(starts, (t for t in lp.tokens if not t.startswith("bytes:")),
+                                                       strict=True))
+    assert EMOJI[lp.text_offset[lp.tokens.index("bytes:\\x8e")]] == "\U0001f389"   # the emoji's 2nd piece
+
+    tokenizer = server.inputs.tokenizer
+    ids = tokenizer.encode(EMOJI, add_special_tokens=False)
+    content = LogprobsFormat(tokenizer, chat=True)([TokenLogprob(t, -1.0, ((t, -1.0),)) for t in ids])["content"]
+    assert bytes(b for entry in content for b in entry["bytes"]).decode() == EMOJI
+    assert [entry["token"] for entry in content] == [entry["top_logprobs"][0]["token"] for entry in content]
+    assert {"bytes:\\xf0\\x9f", "bytes:\\x8e", " ok"} <= {entry["token"] for entry in content}
 
 
 def test_logprobs_requests_neither_read_nor_write_the_response_cache(server):
