@@ -195,13 +195,19 @@ void fold_direct_blocks(const Rows& rows, const float* x, int64_t M, int64_t K, 
   });
 }
 
-// Decode batches: one weight row at a time in address order, folded against every activation row (4 at a time; the
-// row stays in L1 between them). Interleaving 4 weight rows (the tiles above) made a pattern the hardware prefetcher
+// Decode batches: one weight row at a time in address order, folded against every activation row (kStreamRowsPerPass
+// at a time; the row stays in L1 between them). Interleaving 4 weight rows (the tiles above) made a pattern the hardware prefetcher
 // follows badly: with weights streamed from DRAM (121 distinct SmolLM2 layers, fp16, 2 threads, AVX-512 EPYC) the
 // linears of a step took 13.5 / 20 / 27 ms tiled at 1 / 4 / 8 sequences, 7.4-9.4 / 13.6 / 18.5 ms streamed; equal
 // at 16. From 3 sequences on, each row takes long enough that a software prefetch kAheadBytes ahead pays; below,
 // the hardware prefetcher alone is faster (the prefetches cost more than they hide).
 constexpr int64_t kStreamMaxRows = 16;
+// Each pass's sums are chains of dependent multiply-adds, one per activation row: 4 chains leave an AVX2 core's two
+// FMA pipes half idle. On the AVX2-only Zen 3 EPYC, 8 rows a pass took a step's fp16 linears at 6 / 8 / 12 / 16 rows
+// from 50 / 51 / 71 / 91 to 32 / 39 / 55 / 73 ms (medians of 20 steps paired with the old build; at 1-4 rows, the same
+// code on both sides, 0.91-0.95 of it: the pairing's own bias; cpu_profile/zen3_stream_rows_per_pass_ab.json). The
+// AVX-512 build keeps the 4 it was measured with. Each output is still one chain over k: the same bits either way.
+constexpr int64_t kStreamRowsPerPass = kLanes == 8 ? 8 : 4;
 constexpr int64_t kPrefetchFromRows = 3;
 constexpr int64_t kAheadBytes = 1024;
 constexpr int64_t kLineBytes = 64;
@@ -222,14 +228,18 @@ template <bool Prefetch, typename Rows>
 void fold_stream(const Rows& rows, const float* x, int64_t M, int64_t K, float* out, int64_t N, int64_t n_begin,
                  int64_t n_end) {
   for (int64_t n = n_begin; n < n_end; ++n)
-    for (int64_t m = 0; m < M; m += 4) {
+    for (int64_t m = 0; m < M; m += kStreamRowsPerPass) {
       const float* xm = x + m * K;
       float* om = out + m * N;
-      switch (std::min<int64_t>(4, M - m)) {
+      switch (std::min(kStreamRowsPerPass, M - m)) {
         case 1: fold_stream_row<1, Prefetch>(rows, xm, K, om, N, n); break;
         case 2: fold_stream_row<2, Prefetch>(rows, xm, K, om, N, n); break;
         case 3: fold_stream_row<3, Prefetch>(rows, xm, K, om, N, n); break;
-        default: fold_stream_row<4, Prefetch>(rows, xm, K, om, N, n); break;
+        case 4: fold_stream_row<4, Prefetch>(rows, xm, K, om, N, n); break;
+        case 5: fold_stream_row<5, Prefetch>(rows, xm, K, om, N, n); break;
+        case 6: fold_stream_row<6, Prefetch>(rows, xm, K, om, N, n); break;
+        case 7: fold_stream_row<7, Prefetch>(rows, xm, K, om, N, n); break;
+        default: fold_stream_row<8, Prefetch>(rows, xm, K, om, N, n); break;
       }
     }
 }
