@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from strata.server.api.errors import APIError, invalid
 
@@ -25,10 +26,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise _too_large(limit)
+    except ClientDisconnect:    # a client that gave up (a timeout, a cancel): counted as one (499), not an incident
+        raise APIError(499, "the client closed the connection before its request was read",
+                       code="client_closed") from None
     return bytes(body)
 
 

@@ -114,7 +114,7 @@ def bench_kv(
 @config_command(engine=EngineConfig)
 def bench_prefix(
     engine: EngineConfig,
-    num_requests: int = typer.Option(16, min=1),
+    num_requests: int = typer.Option(16, min=2, help="The first runs alone (it fills the cache); TTFT is the others'."),
     system_tokens: int = typer.Option(1024, min=1, help="Tokens of the system prompt every request shares."),
     workload_seed: int = typer.Option(0, help="Seed of the random prompts."),
     as_json: bool = typer.Option(False, "--json"),

@@ -96,6 +96,9 @@ def run_throughput(config: EngineConfig, num_requests: int = 64, prompt_range=(1
     if config.kv_cache_memory == "auto":
         config.kv_cache_memory = "3GiB"
     engine = LLMEngine(config)
+    if prompt_range[1] + output_range[1] > engine.max_model_len:     # the longest would end early, at the context
+        raise ValueError(f"prompts of up to {prompt_range[1]} tokens plus outputs of up to {output_range[1]} exceed the "
+                         f"context of {engine.max_model_len} tokens: lower --max-prompt / --max-output")
     workload = make_workload(num_requests, prompt_range, output_range, engine.model_config.vocab_size, workload_seed)
     engine.generate([workload[0][0]], SamplingParams(temperature=0, max_tokens=2))  # warm-up
     result = {"engine": time_engine(engine, workload)}

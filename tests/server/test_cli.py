@@ -184,6 +184,9 @@ def test_cache_quality_bench_takes_the_serve_flags_for_the_cache():
     (["kv", "--min-prompt", "50", "--max-prompt", "10"], "--min-prompt must not exceed --max-prompt"),
     (["throughput", "--model", "/nonexistent", "--skip-hf"], "FileNotFoundError: model path /nonexistent"),
     (["kv", "--kv-cache-memory", "1e3"], "holds no block"),
+    (["prefix", "--num-requests", "1"], "--num-requests"),      # the first runs alone: no TTFT to take the median of
+    (["throughput", "--skip-hf", "--max-model-len", "1024", "--max-prompt", "900", "--max-output", "200"],
+     "exceed the context of 1024 tokens"),                      # a bare AssertionError once outputs ended early
 ])
 def test_bench_sizes_that_cannot_run_are_refused_before_any_work(args, says):
     result = runner.invoke(cli.app, ["bench", *args])

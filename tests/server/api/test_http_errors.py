@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import socket
 import time
 
 import httpx
@@ -203,6 +205,23 @@ def abandoned(server) -> float:
         families = text_string_to_metric_families(http.get("/metrics").text)
     return sum(s.value for f in families if f.name == "strata_requests" for s in f.samples
                if s.name == "strata_requests_total" and s.labels["status"] == "499")
+
+
+def test_a_client_that_leaves_while_its_body_is_read_counts_as_left_not_as_an_incident(server, caplog):
+    """Cut short in the body (a client timeout or cancel): a 499 in /metrics, no error and no traceback in the log
+    (it was a 500 "unexpected error" with two tracebacks)."""
+    left = abandoned(server)
+    host, port = server.url.removeprefix("http://").split(":")
+    for _ in range(3):
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-acme\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: 5000\r\n\r\n" + b'{"model": "' + b"x" * 90)
+            time.sleep(0.2)
+    deadline = time.monotonic() + 10
+    while abandoned(server) < left + 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert abandoned(server) == left + 3
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 def test_disconnect_while_waiting_for_a_whole_answer_aborts_and_frees_blocks(server):
