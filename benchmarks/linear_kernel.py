@@ -16,6 +16,7 @@ meet the same noise, and the median of the per-repetition ratios is the comparis
 """
 
 import argparse
+import functools
 import importlib.machinery
 import importlib.util
 import json
@@ -55,7 +56,7 @@ def pass_ms(order: list, call) -> float:
 
 
 def streamed_step_ms(layers: dict[str, list[CompactLinear]], batch: int, call, shapes: list[str],
-                     repeats: int = 7) -> float:
+                     repeats: int) -> float:
     """Median time of one pass over every layer of a step, each with its own weights."""
     order = step_order(layers, batch, shapes)
     call(*order[0])     # the first call of a process pays for allocations the engine has long made
@@ -117,7 +118,7 @@ def main() -> None:
     ap.add_argument("--widen", action="store_true", help="widen each weight to fp32 and call BLAS instead")
     ap.add_argument("--paired-with", type=Path, default=None,
                     help="another build's compiled strata_cpu_kernels_*.so, timed in turn with this one's")
-    ap.add_argument("--repeats", type=int, default=None, help="passes per batch (default 7, paired 20)")
+    ap.add_argument("--repeats", type=int, default=None, help="streamed passes per batch (default 7, paired 20)")
     args = ap.parse_args()
     if args.paired_with and (args.weights != "streamed" or args.widen):
         ap.error("--paired-with times streamed weights on the kernel")
@@ -134,13 +135,14 @@ def main() -> None:
             layers = {name: [CompactLinear.from_linear(nn.Linear(k, n, bias=False).requires_grad_(False), fmt)
                              for _ in range(copies[name])] for name, (n, k, _) in SHAPES.items()}
             weight_bytes = sum(layers[name][0].weight.nbytes * SHAPES[name][2] for name in shapes)
-            step_ms = streamed_step_ms if args.weights == "streamed" else cached_step_ms
+            step_ms = (functools.partial(streamed_step_ms, repeats=args.repeats or 7) if args.weights == "streamed"
+                       else cached_step_ms)
             for batch in args.batches:
                 if theirs is not None:
                     results.append({"format": fmt, "batch": batch} | paired_step_ms(
                         layers, batch, call, shapes, ours, theirs, args.repeats or 20))
                     continue
-                ms = step_ms(layers, batch, call, shapes, **({"repeats": args.repeats} if args.repeats and args.weights == "streamed" else {}))
+                ms = step_ms(layers, batch, call, shapes)
                 results.append({"format": fmt, "batch": batch, "linear_ms_per_step": round(ms, 2),
                                 "weight_gb_s": round(weight_bytes / ms / 1e6, 1)})
     print(json.dumps({"threads": args.threads, "weights": args.weights, "march": args.march or "native",

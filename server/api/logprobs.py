@@ -100,8 +100,9 @@ class LogprobsFormat:
                 "text_offset": offsets}
 
     def _alternatives(self, entry: TokenLogprob) -> dict[str, float]:
-        """The legacy dict of alternatives, most likely first; should two tokens read alike, the likelier is kept."""
+        """The legacy dict of alternatives, most likely first (the engine's top-k order); should two tokens read
+        alike, the likelier is kept."""
         alternatives: dict[str, float] = {}
-        for token_id, logprob in sorted(entry.top, key=lambda alternative: -alternative[1]):
+        for token_id, logprob in entry.top:
             alternatives.setdefault(self.token(token_id)[0], logprob)
         return alternatives

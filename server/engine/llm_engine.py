@@ -85,9 +85,10 @@ class LLMEngine:
             self.max_model_len = num_blocks * config.block_size
         # One block past the scheduler's: the scratch block that padded rows of a decode graph write into.
         self.kv = KVStorage(self.kv_layout, num_blocks + 1, self.device)
-        if config.swap_space * 2**30 > free_memory_bytes(torch.device("cpu")):
-            raise ValueError(f"--swap-space {config.swap_space} GiB is more than the "
-                             f"{free_memory_bytes(torch.device('cpu')) / 2**30:.1f} GiB of free host memory")
+        host_free = free_memory_bytes(torch.device("cpu"))
+        if config.swap_space * 2**30 > host_free:
+            raise ValueError(f"--swap-space {config.swap_space} GiB is more than the {host_free / 2**30:.1f} GiB of "
+                             "free host memory")
         self.swap_space = SwapSpace(self.kv_layout, config.swap_space) if config.swap_space else None
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, self.fingerprint)
         self.scheduler = Scheduler(config, self.block_manager, self.swap_space,
