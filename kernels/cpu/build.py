@@ -62,7 +62,7 @@ def _build(name: str, march: str):
     folder = Path(__file__).parent
     with building(Path(_get_build_directory(name, verbose=False))):
         return build(name, [str(folder / source) for source in SOURCES],
-                     extra_cflags=["-O3", f"-march={march}", "-ffast-math", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                     extra_cflags=["-O3", f"-march={march}", "-ffast-math", "-fopenmp", "-falign-loops=64"], extra_ldflags=["-fopenmp"],
                      verbose=False)
 
 

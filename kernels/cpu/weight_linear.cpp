@@ -133,17 +133,29 @@ struct F16Rows {
   Vec operator()(int64_t n, int64_t k) const { return vwiden(w + n * K + k); }
 };
 
+constexpr int64_t kLineBytes = 64;
+
 // Weight rows n0..n0+NR-1 against MR activation rows, MR * NR accumulators. The smaller side is held in registers
-// and the other loaded one vector at a time, so 3 x 4 fits AVX2's 16 registers (12 sums, 3 activations, 1 weight).
-template <int64_t MR, int64_t NR, typename Rows>
-inline void fold_direct(const Rows& rows, const float* x, int64_t K, float* out, int64_t N, int64_t n0) {
+// and the other loaded one vector at a time, so 3 x 4 fits AVX2's 16 registers (12 sums, 3 activations, 1 weight):
+// 7 loads per 12 multiply-adds. (GCC otherwise folds each activation's load into every multiply-add that uses it, 15
+// loads per 12, and the loads bound the tile: fp16 linears at 16 rows with weights in cache, AVX2-only Zen 3 EPYC,
+// 87-93 -> 110-116 GFLOP/s.) With Prefetch, each line of the rows read is prefetched for the rows `ahead` further.
+template <int64_t MR, int64_t NR, bool Prefetch, typename Rows>
+inline void fold_direct(const Rows& rows, const float* x, int64_t K, float* out, int64_t N, int64_t n0,
+                        int64_t ahead) {
+  constexpr int64_t line_values = kLineBytes / Rows::kBytes;
   Vec a[MR][NR];
   for (int64_t i = 0; i < MR; ++i)
     for (int64_t r = 0; r < NR; ++r) a[i][r] = vzero();
   for (int64_t k = 0; k < K; k += kLanes) {
+    if (Prefetch && k % line_values == 0)
+      for (int64_t r = 0; r < NR; ++r) _mm_prefetch(rows.address(n0 + r + ahead, k), _MM_HINT_T0);  // no fault
     if constexpr (MR < NR) {
       Vec xv[MR];
-      for (int64_t i = 0; i < MR; ++i) xv[i] = vload(x + i * K + k);
+      for (int64_t i = 0; i < MR; ++i) {
+        xv[i] = vload(x + i * K + k);
+        asm("" : "+v"(xv[i]));    // held in a register (see above)
+      }
       for (int64_t r = 0; r < NR; ++r) {
         const Vec w = rows(n0 + r, k);
         for (int64_t i = 0; i < MR; ++i) a[i][r] = vfma(w, xv[i], a[i][r]);
@@ -161,56 +173,58 @@ inline void fold_direct(const Rows& rows, const float* x, int64_t K, float* out,
     for (int64_t r = 0; r < NR; ++r) out[i * N + n0 + r] = vsum(a[i][r]);
 }
 
-// Weight rows n0..n1-1 against every activation row: each group of 3 activation rows runs over all of them (a block
-// of kBlockRows rows stays in L1 meanwhile) in tiles of kRows, each widened weight vector serving 3 rows from a
-// register. (The 4 x 2 tiles this replaced, each over every activation row, widened twice as often and loaded more
-// activations per multiply-add: a step's linears at 24 / 32 rows, AVX2 build on the Zen 4 EPYC, 56 / 70 -> 48 / 59
-// ms; the native AVX-512 build unchanged; below 17 rows the row stream stays faster.) A last partial tile one row at
-// a time.
-constexpr int64_t kDirectMaxRows = 3;
-constexpr int64_t kBlockRows = 16;
-template <typename Rows>
-void fold_direct_block(const Rows& rows, const float* x, int64_t M, int64_t K, float* out, int64_t N, int64_t n0,
-                       int64_t n1) {
-  const int64_t tiled_end = n0 + (n1 - n0) / kRows * kRows;
-  for (int64_t m = 0; m < M; m += kDirectMaxRows) {
-    const float* xm = x + m * K;
-    float* om = out + m * N;
-    const int64_t mr = std::min(kDirectMaxRows, M - m);
-    for (int64_t n = n0; n < tiled_end; n += kRows) {
-      if (mr == 1) fold_direct<1, kRows>(rows, xm, K, om, N, n);
-      else if (mr == 2) fold_direct<2, kRows>(rows, xm, K, om, N, n);
-      else fold_direct<3, kRows>(rows, xm, K, om, N, n);
-    }
-  }
-  for (int64_t n = tiled_end; n < n1; ++n)
-    for (int64_t m = 0; m < M; ++m) fold_direct<1, 1>(rows, x + m * K, K, out + m * N, N, n);
+// From kTileFromRows activation rows: NR weight rows at a time against every activation row, 3 at a time, the NR rows
+// staying in L1 meanwhile (weight rows outer: activation rows outer, each group of 3 over a block of weight rows, ran
+// 2-7% slower). The weights come from DRAM in an order the hardware prefetcher follows badly (NR rows of a few KB
+// each, interleaved), so the first group prefetches the rows kTileAheadRows on. Against the 8-rows-a-pass stream below
+// and the 3 x 4 tiles without prefetch above 16 rows this replaced, a step's fp16 linears on the AVX2-only Zen 3 EPYC
+// (medians of 20 steps paired in one process): 8 / 9 / 12 / 16 / 24 / 32 rows 0.96 / 0.66 / 0.79 / 0.75 / 0.65 / 0.64
+// of the time (cpu_profile/zen3_f16_tiles_ab.json); at 4 and 6 rows the stream stays faster (tiles 1.12 / 1.04 of it).
+// Not measured on an AVX-512 CPU, whose build runs the same tiles 16 lanes wide.
+constexpr int64_t kTileFromRows = 8;
+constexpr int64_t kTileActivationRows = 3;
+constexpr int64_t kTileAheadRows = 16;
+static_assert(kTileFromRows >= kTileActivationRows, "the first group of activation rows is a whole one");
+
+template <int64_t NR, typename Rows>
+inline void fold_weight_rows(const Rows& rows, const float* x, int64_t M, int64_t K, float* out, int64_t N,
+                             int64_t n) {
+  constexpr int64_t MR = kTileActivationRows;
+  fold_direct<MR, NR, true>(rows, x, K, out, N, n, kTileAheadRows);
+  int64_t m = MR;
+  for (; m + MR <= M; m += MR) fold_direct<MR, NR, false>(rows, x + m * K, K, out + m * N, N, n, 0);
+  if (M - m == 2) fold_direct<2, NR, false>(rows, x + m * K, K, out + m * N, N, n, 0);
+  else if (M - m == 1) fold_direct<1, NR, false>(rows, x + m * K, K, out + m * N, N, n, 0);
 }
 
 template <typename Rows>
-void fold_direct_blocks(const Rows& rows, const float* x, int64_t M, int64_t K, float* out, int64_t N) {
-  at::parallel_for(0, (N + kBlockRows - 1) / kBlockRows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b)
-      fold_direct_block(rows, x, M, K, out, N, b * kBlockRows, std::min(N, (b + 1) * kBlockRows));
+void stream_tiles(const Rows& rows, const float* x, int64_t M, int64_t K, float* out, int64_t N) {
+  at::parallel_for(0, (N + kRows - 1) / kRows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * kRows;
+      if (n0 + kRows <= N) fold_weight_rows<kRows>(rows, x, M, K, out, N, n0);
+      else
+        for (int64_t n = n0; n < N; ++n) fold_weight_rows<1>(rows, x, M, K, out, N, n);
+    }
   });
 }
 
-// Decode batches: one weight row at a time in address order, folded against every activation row (kStreamRowsPerPass
-// at a time; the row stays in L1 between them). Interleaving 4 weight rows (the tiles above) made a pattern the hardware prefetcher
-// follows badly: with weights streamed from DRAM (121 distinct SmolLM2 layers, fp16, 2 threads, AVX-512 EPYC) the
-// linears of a step took 13.5 / 20 / 27 ms tiled at 1 / 4 / 8 sequences, 7.4-9.4 / 13.6 / 18.5 ms streamed; equal
-// at 16. From 3 sequences on, each row takes long enough that a software prefetch kAheadBytes ahead pays; below,
-// the hardware prefetcher alone is faster (the prefetches cost more than they hide).
-constexpr int64_t kStreamMaxRows = 16;
+// Decode batches below kTileFromRows: one weight row at a time in address order, folded against every activation
+// row (kStreamRowsPerPass at a time; the row stays in L1 between them). Interleaving 4 weight rows (the tiles above,
+// then without prefetch) made a pattern the hardware prefetcher follows badly: with weights streamed from DRAM (121
+// distinct SmolLM2 layers, fp16, 2 threads, AVX-512 EPYC) the linears of a step took 13.5 / 20 / 27 ms tiled at 1 / 4
+// / 8 sequences, 7.4-9.4 / 13.6 / 18.5 ms streamed. From 3 sequences on, each row takes long enough that a software
+// prefetch kAheadBytes ahead pays; below, the hardware prefetcher alone is faster (the prefetches cost more than they
+// hide).
 // Each pass's sums are chains of dependent multiply-adds, one per activation row: 4 chains leave an AVX2 core's two
 // FMA pipes half idle. On the AVX2-only Zen 3 EPYC, 8 rows a pass took a step's fp16 linears at 6 / 8 / 12 / 16 rows
 // from 50 / 51 / 71 / 91 to 32 / 39 / 55 / 73 ms (medians of 20 steps paired with the old build; at 1-4 rows, the same
 // code on both sides, 0.91-0.95 of it: the pairing's own bias; cpu_profile/zen3_stream_rows_per_pass_ab.json). The
 // AVX-512 build keeps the 4 it was measured with. Each output is still one chain over k: the same bits either way.
+// (On AVX2 every batch below the tiles is one pass.)
 constexpr int64_t kStreamRowsPerPass = kLanes == 8 ? 8 : 4;
 constexpr int64_t kPrefetchFromRows = 3;
 constexpr int64_t kAheadBytes = 1024;
-constexpr int64_t kLineBytes = 64;
 template <int64_t MR, bool Prefetch, typename Rows>
 inline void fold_stream_row(const Rows& rows, const float* x, int64_t K, float* out, int64_t N, int64_t n) {
   constexpr int64_t line_values = kLineBytes / Rows::kBytes;
@@ -875,8 +889,8 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales
   const bool direct = format == kF16 && K % kLanes == 0;
   const F16Rows f16_rows{static_cast<const uint16_t*>(w), K};
   if (direct) {
-    if (M <= kStreamMaxRows) stream(f16_rows, xp, M, K, op, N);
-    else fold_direct_blocks(f16_rows, xp, M, K, op, N);
+    if (M < kTileFromRows) stream(f16_rows, xp, M, K, op, N);
+    else stream_tiles(f16_rows, xp, M, K, op, N);
     return out;
   }
 #endif

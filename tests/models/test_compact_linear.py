@@ -81,8 +81,9 @@ def test_bad_blocks_are_refused_clearly():
 
 @pytest.mark.parametrize("out_features", [4, 130, 577])
 def test_f16_rows_widened_in_registers_match_the_reference_at_every_batch_size(out_features):
-    """The fp16 kernel per batch size (the row stream up to 16 rows, 8 activation rows a pass on AVX2 builds and 4 on
-    AVX-512 ones, 3 x 4 tiles in blocks of 16 weight rows above) and a last partial weight tile."""
+    """The fp16 kernel per batch size (the row stream below 8 rows, one pass on AVX2 builds and 4 rows a pass on
+    AVX-512 ones; 3 x 4 tiles from 8 rows, with a last group of 1 or 2 activation rows) and a last partial weight
+    tile."""
     torch.manual_seed(out_features)
     linear = nn.Linear(576, out_features, bias=False).requires_grad_(False)
     layer = CompactLinear.from_linear(linear, "f16")
@@ -167,8 +168,9 @@ def test_compact_weights_are_refused_on_cuda_with_the_reason():
 
 
 def test_the_avx2_builds_fp16_rows_match_the_reference_and_keep_their_bits_at_every_batch():
-    """The AVX2 build's fp16 row stream folds 8 activation rows a pass (the native build of an AVX-512 CI machine, 4):
-    each row still one chain over k, so the same bits alone or batched."""
+    """The AVX2 build's fp16 kernel (below 8 rows one pass of the row stream, from 8 rows 3 x 4 tiles; the native
+    build of an AVX-512 CI machine, 4 rows a pass and 16-lane tiles): each output still one chain over k, so the same
+    bits alone or batched."""
     if "avx2" not in Path("/proc/cpuinfo").read_text().split():
         pytest.skip("needs a CPU with avx2")
     module = build.build_for_march("haswell")
@@ -178,7 +180,7 @@ def test_the_avx2_builds_fp16_rows_match_the_reference_and_keep_their_bits_at_ev
     x = torch.randn(weight_linear.KERNEL_MAX_ROWS, 576)
     alone = torch.cat([module.linear(x[i:i + 1], layer.weight, empty, empty, weight_linear.FORMATS["f16"], 576) for i in range(len(x))])
     torch.testing.assert_close(alone.double(), x.double() @ layer.unpacked_weight().double().T, rtol=1e-5, atol=1e-5)
-    for rows in (2, 5, 8, 9, 13, 16, 17, weight_linear.KERNEL_MAX_ROWS):
+    for rows in (2, 5, 7, 8, 9, 10, 13, 16, 17, weight_linear.KERNEL_MAX_ROWS):
         assert torch.equal(module.linear(x[:rows], layer.weight, empty, empty, weight_linear.FORMATS["f16"], 576), alone[:rows]), rows
 
 
