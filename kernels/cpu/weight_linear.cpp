@@ -139,7 +139,7 @@ constexpr int64_t kLineBytes = 64;
 // and the other loaded one vector at a time, so 3 x 4 fits AVX2's 16 registers (12 sums, 3 activations, 1 weight):
 // 7 loads per 12 multiply-adds. (GCC otherwise folds each activation's load into every multiply-add that uses it, 15
 // loads per 12, and the loads bound the tile: fp16 linears at 16 rows with weights in cache, AVX2-only Zen 3 EPYC,
-// 87-93 -> 110-116 GFLOP/s.) With Prefetch, each line of the rows read is prefetched for the rows `ahead` further.
+// 82-101 GFLOP/s for such tiles of any shape, 110-116 with the activations held.) With Prefetch, each line of the rows read is prefetched for the rows `ahead` further.
 template <int64_t MR, int64_t NR, bool Prefetch, typename Rows>
 inline void fold_direct(const Rows& rows, const float* x, int64_t K, float* out, int64_t N, int64_t n0,
                         int64_t ahead) {
