@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from cachetools import LRUCache
 
-from .calibration import CALIBRATION_PATH, ScoredPairs, Tiers, TierTable, decision_score, fit_tiers
+from .calibration import CALIBRATION_PATH, ScoredPairs, Tiers, TierTable, decision_score, fit_tiers, language_of
 from .embedders import Embedder
 from .index import VectorIndex
 
@@ -160,16 +160,20 @@ class SemanticCache:
         The one place that decides, for stored entries (lookup) and for pending requests (single-flight) alike.
         With a second stage, the closest `rerank` candidates at cosine >= the language's floor are read together with
         the question and the best certified score (calibration.decision_score) wins; without one, the closest
-        candidate's cosine is the score.
+        candidate's cosine is the score. A question in another language never answers: its answer is in that
+        language, however close the multilingual embedding puts a translation.
         """
         t = self.tiers.for_text(text)
         if t.off:
             return None
+        language = language_of(text)
         best: SemanticMatch | None = None
         read = 0
         for cid, sim, cached in sorted(candidates, key=lambda c: -c[1]):
             if sim < self.min_similarity(text) or read >= self.rerank:
                 break
+            if language_of(cached) != language:
+                continue
             if self.scorer is None:
                 tier = t.tier(sim)
                 return SemanticMatch(cid, sim, tier, cached) if tier else None

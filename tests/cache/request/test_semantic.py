@@ -110,6 +110,25 @@ def test_a_language_nothing_certified_is_not_served():
     assert cache.lookup("怎么重置密码", "p") is None and cache.min_similarity("怎么重置密码") == off
 
 
+def test_a_question_in_another_language_never_answers():
+    """A translation can sit as close as a paraphrase in a multilingual embedding, but its answer is in the other
+    language: with or without the second stage, it is passed over (and not read), and a same-language candidate
+    further down still may answer."""
+    tiers = TierTable(en=Tiers(serve=0.9, similar=0.5), zh=Tiers(serve=0.9, similar=0.5))
+    cache = SemanticCache(HashEmbedder(), tiers)
+    french_capital = ("zh", 0.97, "法国的首都是什么？")
+    assert cache.decide("What is the capital of France?", [french_capital]) is None
+    hit = cache.decide("What is the capital of France?", [french_capital, ("en", 0.6, "capital city of France?")])
+    assert hit.entry_id == "en" and hit.tier == "similar"
+    assert cache.decide("法国的首都是哪里？", [("en", 0.97, "What is the capital of France?")]) is None
+    assert cache.decide("iPhone 16 多少钱", [("en", 0.95, "iPhone 16 price")]) is None     # any ideograph: Chinese
+    scorer = FixedScorer({"法国的首都是什么？": 9.0, "capital city of France?": 3.0})
+    staged = SemanticCache(HashEmbedder(), TierTable(en=Tiers(serve=4.0, similar=2.0, floor=0.3),
+                                                     zh=Tiers(serve=4.0, similar=2.0, floor=0.3)), scorer, rerank=1)
+    hit = staged.decide("What is the capital of France?", [french_capital, ("en", 0.6, "capital city of France?")])
+    assert hit.entry_id == "en" and scorer.read == ["capital city of France?"]   # the translation costs no read
+
+
 def test_remove_replace_and_similar_ids():
     cache = SemanticCache(HashEmbedder(), Tiers(serve=0.99, similar=0.6))
     cache.add("a", "reset my password", "p1")
