@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+import xxhash
 
 from strata.cache.request.request import AnswerMeta
 from strata.cache.request.store_quota import StoreQuota
@@ -69,7 +70,7 @@ CREATE TABLE IF NOT EXISTS entries (
     entry_id TEXT PRIMARY KEY, partition TEXT NOT NULL, tenant TEXT NOT NULL, model TEXT NOT NULL,
     text TEXT NOT NULL, answer TEXT NOT NULL, created_at REAL NOT NULL, expires_at REAL NOT NULL,
     ttl_class TEXT NOT NULL, tags TEXT NOT NULL, semantic INTEGER NOT NULL, hits INTEGER NOT NULL,
-    last_hit REAL, embedding BLOB, meta TEXT, size INTEGER NOT NULL DEFAULT 0);
+    last_hit REAL, embedding BLOB, meta TEXT, size INTEGER NOT NULL DEFAULT 0, checksum INTEGER);
 CREATE INDEX IF NOT EXISTS entries_partition ON entries(partition);
 CREATE INDEX IF NOT EXISTS entries_expires ON entries(expires_at);
 CREATE INDEX IF NOT EXISTS entries_lru ON entries(COALESCE(last_hit, created_at));
@@ -79,7 +80,9 @@ CREATE TABLE IF NOT EXISTS entry_tags (tag TEXT NOT NULL, entry_id TEXT NOT NULL
 _COLUMNS = ("entry_id, partition, tenant, model, text, answer, created_at, expires_at, ttl_class, tags, semantic, hits, "
             "last_hit, embedding, meta")
 # Columns later versions added, as (name, declaration): an older file gains them on open, its rows read as defaults.
-_ADDED_COLUMNS = (("meta", "TEXT"), ("size", "INTEGER NOT NULL DEFAULT 0"))
+_ADDED_COLUMNS = (("meta", "TEXT"), ("size", "INTEGER NOT NULL DEFAULT 0"), ("checksum", "INTEGER"))
+# What an entry's checksum covers: every column but the hit counters, which touch() rewrites on each hit.
+_CHECKED = tuple(i for i, name in enumerate(_COLUMNS.split(", ")) if name not in ("hits", "last_hit"))
 _ROW_OVERHEAD = 100     # bytes per entry beyond its texts and blobs: record header, numbers, key and index entries
 
 
@@ -98,9 +101,10 @@ def _migrate(db: sqlite3.Connection) -> None:
         for name, declaration in _ADDED_COLUMNS:
             if name not in have:
                 db.execute(f"ALTER TABLE entries ADD COLUMN {name} {declaration}")
-        if "size" not in have:
+        if "size" not in have or "checksum" not in have:
             rows = db.execute(f"SELECT {_COLUMNS} FROM entries").fetchall()
-            db.executemany("UPDATE entries SET size = ? WHERE entry_id = ?", [(_row_size(r), r[0]) for r in rows])
+            db.executemany("UPDATE entries SET size = ?, checksum = ? WHERE entry_id = ?",
+                           [(_row_size(r), _checksum(r), r[0]) for r in rows])
 
 
 def _row(entry: Entry) -> tuple:
@@ -109,6 +113,21 @@ def _row(entry: Entry) -> tuple:
     return (entry.entry_id, entry.partition, entry.tenant, entry.model, entry.text, entry.answer, entry.created_at,
             entry.expires_at, entry.ttl_class, json.dumps(list(entry.tags)), int(entry.semantic), entry.hits,
             entry.last_hit, blob, None if entry.meta is None else entry.meta.to_json())
+
+
+def _checksum(row: tuple) -> int:
+    """xxh64 of a row's content (_CHECKED columns) as a signed 64-bit SQLite integer. SQLite checks no page's content:
+    a flipped bit in an answer would otherwise be served as the answer."""
+    digest = xxhash.xxh64()
+    for i in _CHECKED:
+        value = row[i]
+        if isinstance(value, int | float):
+            value = repr(float(value))      # 5 is written, 5.0 read back
+        data = b"" if value is None else value if isinstance(value, bytes) else value.encode()
+        digest.update((-1 if value is None else len(data)).to_bytes(8, "little", signed=True))
+        digest.update(data)
+    unsigned = digest.intdigest()
+    return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
 
 
 def _row_size(row: tuple) -> int:
@@ -210,18 +229,31 @@ class SQLiteStore:
                                            (entry.entry_id,)).fetchone()
                 victims = self.quota.victims(self.db, entry.tenant, entry.entry_id, size, replaced, entry.created_at)
                 gone = self._delete_rows([entry.entry_id, *victims])
-                self.db.execute(f"INSERT INTO entries ({_COLUMNS}, size) VALUES ({','.join('?' * (len(row) + 1))})",
-                                (*row, size))
+                self.db.execute(f"INSERT INTO entries ({_COLUMNS}, size, checksum) "
+                                f"VALUES ({','.join('?' * (len(row) + 2))})", (*row, size, _checksum(row)))
                 self.db.executemany("INSERT INTO entry_tags VALUES (?, ?)", [(t, entry.entry_id) for t in entry.tags])
             self._account(gone)
             self.quota.account(entry.tenant, size, 1)
         return [(victim, reason) for victim, (_, _, reason) in victims.items()]
 
     def get(self, entry_id: str) -> Entry | None:
-        """One entry by id, or None."""
+        """One entry by id, or None (also for one whose content no longer matches its checksum: dropped)."""
         with self.lock:
-            row = self.db.execute(f"SELECT {_COLUMNS} FROM entries WHERE entry_id = ?", (entry_id,)).fetchone()
-        return _entry(row) if row else None
+            row = self.db.execute(f"SELECT {_COLUMNS}, checksum FROM entries WHERE entry_id = ?",
+                                  (entry_id,)).fetchone()
+        rows = self._intact([row] if row else [])
+        return _entry(rows[0]) if rows else None
+
+    def _intact(self, rows: list[tuple]) -> list[tuple]:
+        """The rows (columns, then checksum) whose content matches their checksum, without it; the others are deleted
+        and logged: a damaged answer is a miss, never served."""
+        damaged = [row[0] for row in rows if _checksum(row[:-1]) != row[-1]]
+        if damaged:
+            log.error("request-cache store: %d entr%s failed %s checksum and %s dropped: %s", len(damaged),
+                      "y" if len(damaged) == 1 else "ies", "its" if len(damaged) == 1 else "their",
+                      "was" if len(damaged) == 1 else "were", ", ".join(damaged[:5]))
+            self.delete(damaged)
+        return [row[:-1] for row in rows if row[0] not in damaged]
 
     def delete(self, entry_ids: list[str]) -> int:
         """Delete entries by id; returns how many existed."""
@@ -294,8 +326,8 @@ class SQLiteStore:
     def entries(self) -> Iterator[Entry]:
         """Every stored entry (to rebuild the semantic index on start); read in one snapshot."""
         with self.lock:
-            rows = self.db.execute(f"SELECT {_COLUMNS} FROM entries").fetchall()
-        return (_entry(r) for r in rows)
+            rows = self.db.execute(f"SELECT {_COLUMNS}, checksum FROM entries").fetchall()
+        return (_entry(r) for r in self._intact(rows))
 
     def usage(self) -> dict:
         """Bytes held in all and per tenant, entries, bounds: running totals, no I/O (safe on the event loop)."""

@@ -44,6 +44,39 @@ def test_round_trip_and_filters(tmp_path):
     reopened.close()
 
 
+def test_an_entry_whose_content_changed_under_its_checksum_is_dropped_not_served(tmp_path, caplog):
+    """SQLite checks no page's content: a changed byte in a stored answer (a disk or an editor) is caught by the entry's
+    checksum, logged, deleted, and read as a miss; hit counters may change freely (touch)."""
+    path = str(tmp_path / "c.db")
+    store = SQLiteStore(path)
+    for i in (1, 2, 3):
+        store.put(entry(i, embedding=np.arange(4, dtype=np.float32)))
+    store.touch("id1", 7, 150.0)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE entries SET answer = 'answer 9' WHERE entry_id = 'id2'")
+        db.execute("UPDATE entries SET embedding = ? WHERE entry_id = 'id3'", (np.ones(4, np.float32).tobytes(),))
+    assert store.get("id1").hits == 7
+    assert store.get("id2") is None and "failed its checksum" in caplog.text and "id2" in caplog.text
+    assert [e.entry_id for e in store.entries()] == ["id1"] and len(store) == 1
+    assert store.ids() == ["id1"]
+    store.close()
+
+
+def test_a_file_from_before_checksums_gains_them_on_open(tmp_path):
+    path = str(tmp_path / "old.db")
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE entries (entry_id TEXT PRIMARY KEY, partition TEXT NOT NULL, tenant TEXT NOT NULL, "
+                   "model TEXT NOT NULL, text TEXT NOT NULL, answer TEXT NOT NULL, created_at REAL NOT NULL, "
+                   "expires_at REAL NOT NULL, ttl_class TEXT NOT NULL, tags TEXT NOT NULL, semantic INTEGER NOT NULL, "
+                   "hits INTEGER NOT NULL, last_hit REAL, embedding BLOB, meta TEXT, size INTEGER NOT NULL DEFAULT 0)")
+        db.execute("INSERT INTO entries VALUES ('old', 't|m@1|s|c|p', 't', 'm@1', 'q', 'a', 100, 200, 'default', '[]', 1, "
+                   "0, NULL, NULL, NULL, 0)")
+    store = SQLiteStore(path)
+    got = store.get("old")
+    assert got is not None and got.answer == "a" and got.created_at == 100.0
+    store.close()
+
+
 def test_missing_folders_are_created_and_bad_files_are_a_value_error(tmp_path):
     SQLiteStore(str(tmp_path / "a" / "b" / "c.db")).close()
     assert (tmp_path / "a" / "b" / "c.db").exists()
