@@ -221,7 +221,9 @@ void stream_tiles(const Rows& rows, const float* x, int64_t M, int64_t K, float*
 // from 50 / 51 / 71 / 91 to 32 / 39 / 55 / 73 ms (medians of 20 steps paired with the old build; at 1-4 rows, the same
 // code on both sides, 0.91-0.95 of it: the pairing's own bias; cpu_profile/zen3_stream_rows_per_pass_ab.json). The
 // AVX-512 build keeps the 4 it was measured with. Each output is still one chain over k: the same bits either way.
-// (On AVX2 every batch below the tiles is one pass.)
+// On AVX2 every batch below the tiles (kTileFromRows) is one pass, so the 8-row case below no longer runs there; it
+// stays because with 7 rows as the switch's default GCC spilled a pointer in that loop (7 rows 1.07 of the time,
+// paired).
 constexpr int64_t kStreamRowsPerPass = kLanes == 8 ? 8 : 4;
 constexpr int64_t kPrefetchFromRows = 3;
 constexpr int64_t kAheadBytes = 1024;
