@@ -145,6 +145,8 @@ class RequestCache:
         self.guard = MissGuard(config.miss_window_s, config.miss_limit, config.negative_ttl_s, clock)
         self._stats = CacheStats(config.review_size)
         self.faults = StoreFaults(self._stats, clock)   # a store that fails makes misses, never failed requests
+        if isinstance(self.store, SQLiteStore):
+            self.store.on_damaged = self._damaged
         self.touched: dict[str, Entry] = {}       # hit counts not yet persisted
         self.touch_lock = threading.Lock()        # the event loop counts hits, the writer thread persists them
         self.generation = 0                       # bumped by invalidate(): writes queued before it are dropped
@@ -606,6 +608,11 @@ class RequestCache:
         entry_ids = list(entry_ids)
         self._forget(entry_ids)
         return self.store.delete(entry_ids)
+
+    def _damaged(self, entry_ids: list[str]) -> None:
+        """The store dropped entries whose content failed its checksum: count them, forget them here too."""
+        self._stats.count("store.damaged", len(entry_ids))
+        self._forget(entry_ids)
 
     def _forget(self, entry_ids: list[str]) -> None:
         """Drop entries from the memory layer and the semantic index (the store no longer has them)."""

@@ -8,7 +8,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -171,6 +171,9 @@ class SQLiteStore:
         (<file>.corrupt-<time>, with its -wal and -shm) for an empty store. Other open failures: ValueError.
         max_bytes bounds the entries' bytes, tenant_max_share the fraction one tenant may hold (see StoreQuota)."""
         self.quota = StoreQuota(max_bytes, tenant_max_share)
+        # told the ids of entries dropped for a failed checksum, so the cache in front forgets them (its semantic
+        # index would otherwise keep naming an entry that no longer exists until the next start)
+        self.on_damaged: Callable[[list[str]], None] | None = None
         self.path = path or ":memory:"
         self.owner = None if self.path == ":memory:" else _own(self.path)
         try:
@@ -241,19 +244,31 @@ class SQLiteStore:
         with self.lock:
             row = self.db.execute(f"SELECT {_COLUMNS}, checksum FROM entries WHERE entry_id = ?",
                                   (entry_id,)).fetchone()
-        rows = self._intact([row] if row else [])
+            rows, damaged = self._intact([row] if row else [])
+        self._report_damaged(damaged)
         return _entry(rows[0]) if rows else None
 
-    def _intact(self, rows: list[tuple]) -> list[tuple]:
-        """The rows (columns, then checksum) whose content matches their checksum, without it; the others are deleted
-        and logged: a damaged answer is a miss, never served."""
+    def _intact(self, rows: list[tuple]) -> tuple[list[tuple], list[str]]:
+        """(the rows (columns, then checksum) whose content matches their checksum, without it; the ids of the others,
+        now deleted). Called with the lock held, from the read that fetched the rows: deleted in the same hold, so a
+        put of the same id that lands after the read is never the row deleted."""
         damaged = [row[0] for row in rows if _checksum(row[:-1]) != row[-1]]
         if damaged:
-            log.error("request-cache store: %d entr%s failed %s checksum and %s dropped: %s", len(damaged),
-                      "y" if len(damaged) == 1 else "ies", "its" if len(damaged) == 1 else "their",
-                      "was" if len(damaged) == 1 else "were", ", ".join(damaged[:5]))
-            self.delete(damaged)
-        return [row[:-1] for row in rows if row[0] not in damaged]
+            with self.db:
+                self.db.execute("BEGIN")
+                gone = self._delete_rows(damaged)
+            self._account(gone)
+        return [row[:-1] for row in rows if row[0] not in damaged], damaged
+
+    def _report_damaged(self, damaged: list[str]) -> None:
+        """Log entries dropped for a failed checksum and tell on_damaged (outside the lock: it takes the cache's)."""
+        if not damaged:
+            return
+        log.error("request-cache store: %d entr%s failed %s checksum and %s dropped: %s", len(damaged),
+                  "y" if len(damaged) == 1 else "ies", "its" if len(damaged) == 1 else "their",
+                  "was" if len(damaged) == 1 else "were", ", ".join(damaged[:5]))
+        if self.on_damaged is not None:
+            self.on_damaged(damaged)
 
     def delete(self, entry_ids: list[str]) -> int:
         """Delete entries by id; returns how many existed."""
@@ -326,8 +341,9 @@ class SQLiteStore:
     def entries(self) -> Iterator[Entry]:
         """Every stored entry (to rebuild the semantic index on start); read in one snapshot."""
         with self.lock:
-            rows = self.db.execute(f"SELECT {_COLUMNS}, checksum FROM entries").fetchall()
-        return (_entry(r) for r in self._intact(rows))
+            rows, damaged = self._intact(self.db.execute(f"SELECT {_COLUMNS}, checksum FROM entries").fetchall())
+        self._report_damaged(damaged)
+        return (_entry(r) for r in rows)
 
     def usage(self) -> dict:
         """Bytes held in all and per tenant, entries, bounds: running totals, no I/O (safe on the event loop)."""

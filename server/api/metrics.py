@@ -183,6 +183,8 @@ def _cache_families(stats: dict):
     store = counters.get("store", {})
     yield CounterMetricFamily("strata_cache_store_errors", "Request-cache store operations that failed (served as "
                               "misses)", value=store.get("error", 0))
+    yield CounterMetricFamily("strata_cache_store_damaged", "Stored answers dropped because their content no longer "
+                              "matched its checksum (never served)", value=store.get("damaged", 0))
     evicted = CounterMetricFamily("strata_cache_store_evictions", "Entries evicted to keep the store within its "
                                   "bounds", labels=["reason"])
     for reason in ("expired", "tenant_lru", "lru"):

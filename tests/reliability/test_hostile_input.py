@@ -201,5 +201,5 @@ def test_store_errors_and_bytes_are_in_metrics(server):
     server.settle()
     with server.http(ADMIN) as http:
         text = http.get("/metrics").text
-    assert "strata_cache_store_errors_total 0.0" in text
+    assert "strata_cache_store_errors_total 0.0" in text and "strata_cache_store_damaged_total 0.0" in text
     assert 'strata_cache_store_bytes{tenant="acme"}' in text and "strata_cache_store_max_bytes" in text

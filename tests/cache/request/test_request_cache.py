@@ -3,6 +3,7 @@ import asyncio
 import json
 import logging
 import re
+import sqlite3
 import threading
 import time
 
@@ -391,6 +392,29 @@ def test_restart_keeps_entries_and_rebuilds_the_semantic_index(tmp_path):
     assert near.layer in ("semantic", "semantic-similar") and near.hit.text == "SYN, SYN-ACK, ACK."
     assert reopened.store.get(exact.hit.entry_id).hits == 1               # hit count persisted before the restart
     reopened.close()
+
+
+def test_an_answer_the_store_drops_for_its_checksum_leaves_the_semantic_index_too(tmp_path):
+    """A stored row whose content changed under its checksum is dropped when read (test_store); the index in front must
+    forget it then, or every later lookup closest to it reads as a miss until a restart instead of trying the next
+    neighbour."""
+    cache = make(tmp_path, semantic=FakeSemantic())
+    closest, next_closest = "alpha bravo charlie delta echo foxtrot golf hotel india juliet", \
+        "alpha bravo charlie delta echo foxtrot golf kilo lima"        # cosine 0.74 apart: both are written
+    run(answer(cache, chat(closest), "answer one"))
+    run(answer(cache, chat(next_closest), "answer two"))
+    question = chat("alpha bravo charlie delta echo foxtrot golf hotel india kilo")     # 0.90 / 0.84 from them
+    damaged = {cache.store.get(i).text: i for i in cache.store.ids()}[closest]
+    cache.exact.memory.clear()                          # evicted from memory: the next read comes from the file
+    with sqlite3.connect(str(tmp_path / "cache.db")) as db:
+        db.execute("UPDATE entries SET answer = 'tampered' WHERE entry_id = ?", (damaged,))
+    first = run(cache.lookup(question))
+    assert first.layer == "miss" and damaged not in cache.semantic.ids()
+    first.release()
+    assert cache.stats()["counters"]["store"]["damaged"] == 1
+    second = run(cache.lookup(question))
+    assert second.layer == "semantic-similar" and second.hit.text == "answer two"
+    cache.close()
 
 
 def test_review_ring_and_similarity_histogram():

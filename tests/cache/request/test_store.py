@@ -49,6 +49,8 @@ def test_an_entry_whose_content_changed_under_its_checksum_is_dropped_not_served
     checksum, logged, deleted, and read as a miss; hit counters may change freely (touch)."""
     path = str(tmp_path / "c.db")
     store = SQLiteStore(path)
+    told = []
+    store.on_damaged = told.extend          # the request cache forgets them (test_request_cache)
     for i in (1, 2, 3):
         store.put(entry(i, embedding=np.arange(4, dtype=np.float32)))
     store.touch("id1", 7, 150.0)
@@ -58,7 +60,7 @@ def test_an_entry_whose_content_changed_under_its_checksum_is_dropped_not_served
     assert store.get("id1").hits == 7
     assert store.get("id2") is None and "failed its checksum" in caplog.text and "id2" in caplog.text
     assert [e.entry_id for e in store.entries()] == ["id1"] and len(store) == 1
-    assert store.ids() == ["id1"]
+    assert store.ids() == ["id1"] and told == ["id2", "id3"]
     store.close()
 
 
