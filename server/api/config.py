@@ -33,6 +33,7 @@ class ServerConfig:
     shutdown_timeout_s: float = 30.0  # on SIGTERM / Ctrl-C, requests in flight get this long to finish, then are cut
     engine_start_timeout_s: float = 600.0  # how long a start (or restart) may load the model, convert it on first use and build the CPU kernels before it fails
     engine_stall_s: float = 120.0  # /health says degraded when the engine reports no step for this long while requests wait on it (stopped, wedged, or a step far slower than usual)
+    engine_stall_restart_s: float = 600.0  # an engine that reports no step for this long while requests wait on it is killed and restarted (a death within --engine-restarts; the waiting requests get 503); 0 = never
     request_cache: bool = True  # exact + semantic request caches in front of the engine
     cache: RequestCacheConfig = field(default_factory=_served_cache)
 
@@ -41,6 +42,7 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
         if self.max_queue < 1 or self.max_body_bytes < 1 or self.default_max_tokens < 1:
             raise ValueError("max_queue, max_body_bytes and default_max_tokens must be >= 1")
-        check_seconds(self, positive=("engine_stall_s", "engine_start_timeout_s"), non_negative=("shutdown_timeout_s",))
+        check_seconds(self, positive=("engine_stall_s", "engine_start_timeout_s"),
+                      non_negative=("shutdown_timeout_s", "engine_stall_restart_s"))
         if self.engine_restarts < 0 or not 0.0 < self.engine_restart_window_s < float("inf"):
             raise ValueError("engine_restarts must be >= 0 and engine_restart_window_s finite and > 0")

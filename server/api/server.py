@@ -122,7 +122,7 @@ def exit_if_signalled() -> None:
 
 def restart_policy(config: ServerConfig) -> RestartPolicy:
     return RestartPolicy(max_restarts=config.engine_restarts, window_s=config.engine_restart_window_s,
-                         start_timeout_s=config.engine_start_timeout_s)
+                         start_timeout_s=config.engine_start_timeout_s, stall_s=config.engine_stall_restart_s)
 
 
 @contextmanager

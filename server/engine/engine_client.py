@@ -76,10 +76,13 @@ class RestartPolicy:
     backoff_s: float = 1.0           # first delay before a restart, doubled after each death in the window
     max_backoff_s: float = 30.0
     start_timeout_s: float = 600.0   # a start or restart that reports no engine by then has failed
+    stall_s: float = 0.0             # no step for this long while requests wait: killed as wedged, restarted; 0 never
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0 or self.window_s <= 0 or self.backoff_s < 0 or self.max_backoff_s < self.backoff_s:
             raise ValueError("need max_restarts >= 0, window_s > 0 and 0 <= backoff_s <= max_backoff_s")
+        if not 0 <= self.stall_s < float("inf"):
+            raise ValueError(f"the stall limit must be a finite number of seconds >= 0 (0: never), got {self.stall_s}")
         if not 0 < self.start_timeout_s < float("inf"):
             raise ValueError(f"the start timeout must be a finite number of seconds > 0, got {self.start_timeout_s}")
 
@@ -154,6 +157,12 @@ class EngineProcess:
         if self.reader.is_alive() and self.reader is not threading.current_thread():
             self.reader.join(timeout=30)
 
+    def kill_wedged(self, why: str) -> None:
+        """Kill a process that stopped stepping (SIGKILL reaches a stopped one too); its reader then sees it die with
+        `why` as the error, and the supervisor restarts it like any dead one."""
+        self.error = RuntimeError(why)
+        self.process.kill()
+
     def _end_process(self) -> None:
         if self.process.is_alive() and not self.ready.is_set():
             self.process.kill()                # still loading: it reads no command until it is built
@@ -176,7 +185,8 @@ class EngineProcess:
                     if not self.stopping:
                         self.process.join(timeout=5)
                         exited = f"engine process exited (exit code {self.process.exitcode})"
-                        self.error = RuntimeError(exited) if self.ready.is_set() else EngineStartError(exited)
+                        self.error = self.error or (RuntimeError(exited) if self.ready.is_set()
+                                                    else EngineStartError(exited))
                     return
                 if update.crash is not None:
                     last = update.crash.strip().splitlines()[-1]
@@ -353,7 +363,7 @@ class EngineClient:
     def _supervise(self) -> None:
         """Wait for the engine process to die; then fail what was in flight and restart it, within the policy."""
         while True:
-            self.current.dead.wait()
+            self._wait_dead()
             if self.state == "stopped":
                 return
             why = str(self.current.error or "engine process stopped")
@@ -372,6 +382,19 @@ class EngineClient:
             if self.wake.wait(self._backoff()) or self.state == "stopped":
                 return
             self._restart()
+
+    def _wait_dead(self) -> None:
+        """Until the current engine process dies. One that reports no step for the policy's stall_s while requests
+        wait is killed first: a wedged process otherwise holds every request until its client gives up."""
+        engine, limit = self.current, self.restart.stall_s
+        while not engine.dead.wait(min(1.0, limit / 4) if limit else None):
+            stalled = self.stalled_for()
+            if stalled >= limit:
+                why = (f"the engine reported no step for {stalled:.0f} s while {len(self.streams)} request(s) waited "
+                       f"(limit {limit:g} s): killed as wedged")
+                log.error("%s", why)
+                engine.kill_wedged(why)
+                engine.dead.wait()
 
     def _backoff(self) -> float:
         deaths = max(len(self.deaths), 1)

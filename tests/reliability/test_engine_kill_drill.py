@@ -152,3 +152,42 @@ def test_an_engine_that_stops_stepping_with_requests_waiting_is_reported(tiny_ch
         assert done["res"].status_code == 200
         with server.http(None) as http:
             assert http.get("/health").json()["status"] == "ok"
+
+
+def test_an_engine_stopped_past_the_stall_limit_is_killed_and_restarted(tiny_chat_engine):
+    """A wedged engine (SIGSTOP here) held its requests until their clients gave up, and every later one behind it:
+    past --engine-stall-restart-s it is killed, the waiting request gets a clear 503, and a new process serves."""
+    policy = RestartPolicy(max_restarts=3, window_s=300, backoff_s=0.5, max_backoff_s=0.5, stall_s=3.0)
+    with start_server(hash_semantic(), restart=policy, engine=tiny_chat_engine) as server:
+        engine = server.app.state.completer.engine
+        first_pid = engine.process.pid
+        os.kill(first_pid, signal.SIGSTOP)
+        done = {}
+
+        def waiting_request():
+            with server.http() as http:
+                done["res"] = http.post("/v1/chat/completions", json=dict(LONG, model=server.model, max_tokens=4))
+
+        worker = threading.Thread(target=waiting_request)
+        worker.start()
+        wait_for(lambda: engine.num_pending == 1, 10, "request sent")
+        sent = time.monotonic()
+        worker.join(timeout=30)
+        res = done["res"]
+        assert res.status_code == 503 and "killed as wedged" in res.json()["error"]["message"]
+        assert time.monotonic() - sent >= 2.5           # not before the limit (3 s after the engine's last word)
+        wait_for(lambda: engine.state == "ok" and engine.process.pid != first_pid, 60, "a new engine process")
+        with server.http() as http:
+            again = http.post("/v1/chat/completions", json=dict(LONG, model=server.model, max_tokens=4))
+        assert again.status_code == 200 and engine.restarts == 1
+
+
+def test_the_stall_restart_flag_reaches_the_restart_policy():
+    from strata.server.api.server import restart_policy
+
+    assert restart_policy(ServerConfig()).stall_s == 600.0
+    assert restart_policy(ServerConfig(engine_stall_restart_s=0)).stall_s == 0.0       # 0: never
+    with pytest.raises(ValueError, match="engine_stall_restart_s"):
+        ServerConfig(engine_stall_restart_s=-1)
+    with pytest.raises(ValueError, match="stall limit"):
+        RestartPolicy(stall_s=float("nan"))
