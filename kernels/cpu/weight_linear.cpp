@@ -103,24 +103,6 @@ inline Vec vwiden(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(re
 #endif
 
 #ifdef STRATA_VECTOR
-// out[m, n0 + r] for MR activation rows and kRows rows already widened into `rows`: MR * kRows accumulators.
-template <int64_t MR>
-inline void fold_tile(const float* rows, const float* x, int64_t K, float* out, int64_t N, int64_t n0) {
-  Vec a[MR][kRows];
-  for (int64_t i = 0; i < MR; ++i)
-    for (int64_t r = 0; r < kRows; ++r) a[i][r] = vzero();
-  for (int64_t k = 0; k < K; k += kLanes) {
-    Vec w[kRows];
-    for (int64_t r = 0; r < kRows; ++r) w[r] = vload(rows + r * K + k);
-    for (int64_t i = 0; i < MR; ++i) {
-      const Vec xv = vload(x + i * K + k);
-      for (int64_t r = 0; r < kRows; ++r) a[i][r] = vfma(w[r], xv, a[i][r]);
-    }
-  }
-  for (int64_t i = 0; i < MR; ++i)
-    for (int64_t r = 0; r < kRows; ++r) out[i * N + n0 + r] = vsum(a[i][r]);
-}
-
 // fp16 weights widened in registers: each vector of a weight row is widened and used at once, never stored (the store
 // and reload of a widened row cost more than widening again for every few activation rows). Each vector is what
 // widen_row gives, so the same bits. (Q8_0 and Q4 rows run the integer dot products below wherever this vector code
@@ -131,6 +113,15 @@ struct F16Rows {
   int64_t K;
   const char* address(int64_t n, int64_t k) const { return reinterpret_cast<const char*>(w + n * K + k); }
   Vec operator()(int64_t n, int64_t k) const { return vwiden(w + n * K + k); }
+};
+
+// Rows n0.. already widened to fp32 in a buffer (bf16 without AVX512_BF16, fp16 whose K is not whole vectors).
+struct WidenedRows {
+  static constexpr int64_t kBytes = 4;
+  const float* w;
+  int64_t K, n0;
+  const char* address(int64_t n, int64_t k) const { return reinterpret_cast<const char*>(w + (n - n0) * K + k); }
+  Vec operator()(int64_t n, int64_t k) const { return vload(w + (n - n0) * K + k); }
 };
 
 constexpr int64_t kLineBytes = 64;
@@ -798,8 +789,9 @@ void fold_rows(const float* rows, int64_t nr, const float* x, int64_t M, int64_t
   if (K % kLanes == 0) {
     int64_t m = 0;
     if (nr == kRows) {
-      for (; m + 2 <= M; m += 2) fold_tile<2>(rows, x + m * K, K, out + m * N, N, n0);
-      if (m < M) fold_tile<1>(rows, x + m * K, K, out + m * N, N, n0);
+      const WidenedRows widened{rows, K, n0};
+      for (; m + 2 <= M; m += 2) fold_direct<2, kRows, false>(widened, x + m * K, K, out + m * N, N, n0, 0);
+      if (m < M) fold_direct<1, kRows, false>(widened, x + m * K, K, out + m * N, N, n0, 0);
       return;
     }
     for (; m < M; ++m)
