@@ -392,8 +392,7 @@ class EngineClient:
             if stalled >= limit:
                 why = (f"the engine reported no step for {stalled:.0f} s while {len(self.streams)} request(s) waited "
                        f"(limit {limit:g} s): killed as wedged")
-                log.error("%s", why)
-                engine.kill_wedged(why)
+                engine.kill_wedged(why)         # logged below, as any death, with the requests it fails
                 engine.dead.wait()
 
     def _backoff(self) -> float:
