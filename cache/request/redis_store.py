@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from typing import Protocol
 from urllib.parse import quote
@@ -24,7 +24,7 @@ from redis.retry import Retry
 
 from strata.cache.request.redis_breaker import Breaker
 from strata.cache.request.request import AnswerMeta
-from strata.cache.request.store import Entry, stored_size
+from strata.cache.request.store import Entry, entry_checksum, report_damaged, stored_size
 from strata.cache.request.store_quota import StoreQuota
 
 log = logging.getLogger(__name__)
@@ -62,21 +62,30 @@ def _fields(entry: Entry) -> list:
         pairs["embedding"] = np.asarray(entry.embedding, np.float32).tobytes()
     if entry.meta is not None:
         pairs["meta"] = entry.meta.to_json()
+    pairs["checksum"] = entry_checksum(entry)
     return [x for pair in pairs.items() for x in pair]
 
 
+class _Damaged(Exception):
+    """A hash whose content no longer matches its checksum field."""
+
+
 def _entry(entry_id: str, fields: dict[bytes, bytes]) -> Entry | None:
-    """An entry from its HGETALL reply; None when empty (absent or expired)."""
+    """An entry from its HGETALL reply; None when empty (absent or expired); _Damaged when its content changed under
+    its checksum (a hash from before checksums has none and is taken as it is)."""
     if not fields:
         return None
     text = {k.decode(): v.decode() for k, v in fields.items() if k != b"embedding"}
     blob = fields.get(b"embedding")
-    return Entry(entry_id, text["partition"], text["tenant"], text["model"], text["text"], text["answer"],
-                 float(text["created_at"]), float(text["expires_at"]), text["ttl_class"],
-                 tuple(json.loads(text["tags"])), text["semantic"] == "1", int(text["hits"]),
-                 float(text["last_hit"]) if text["last_hit"] else None,
-                 None if blob is None else np.frombuffer(blob, np.float32).copy(),
-                 AnswerMeta.from_json(text["meta"]) if "meta" in text else None)
+    entry = Entry(entry_id, text["partition"], text["tenant"], text["model"], text["text"], text["answer"],
+                  float(text["created_at"]), float(text["expires_at"]), text["ttl_class"],
+                  tuple(json.loads(text["tags"])), text["semantic"] == "1", int(text["hits"]),
+                  float(text["last_hit"]) if text["last_hit"] else None,
+                  None if blob is None else np.frombuffer(blob, np.float32).copy(),
+                  AnswerMeta.from_json(text["meta"]) if "meta" in text else None)
+    if "checksum" in text and int(text["checksum"]) != entry_checksum(entry):
+        raise _Damaged(entry_id)
+    return entry
 
 
 class RedisStore:
@@ -105,6 +114,7 @@ class RedisStore:
         self.malformed = 0      # hashes an index rebuild could not read (written by hand, or by another version)
         self.queue_lock = threading.Lock()
         self.follower = None
+        self.on_damaged: Callable[[list[str]], None] | None = None     # see store.Store
 
     # ---- the Store protocol -------------------------------------------------------------------------------
 
@@ -135,7 +145,19 @@ class RedisStore:
         if not self.breaker.up:
             return None
         flat = self._call("get", entry_id)
-        return _entry(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+        try:
+            return _entry(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+        except _Damaged:
+            self._drop_damaged([entry_id])
+            return None
+
+    def _drop_damaged(self, entry_ids: list[str]) -> None:
+        """Delete entries whose content failed its checksum (the stream tells the other replicas), log, tell ours (also
+        when the delete fails: never served either way, a later read tries the delete again)."""
+        try:
+            self.delete(entry_ids)
+        finally:
+            report_damaged(entry_ids, self.on_damaged)
 
     def delete(self, entry_ids: list[str]) -> int:
         """Delete entries by id (announced on the stream); StoreUnavailable while Redis is down."""
@@ -211,9 +233,13 @@ class RedisStore:
                 pipe = self.redis.pipeline(transaction=False)
                 for entry_id, ns in page:
                     pipe.hgetall(f"{self.prefix}:{ns}:e:{entry_id}")
+                damaged = []
                 for (entry_id, ns), fields in zip(page, pipe.execute(), strict=True):
                     try:
                         entry = _entry(entry_id, fields)
+                    except _Damaged:
+                        damaged.append(entry_id)
+                        continue
                     except (KeyError, ValueError, TypeError) as exc:  # one bad hash must not stop a rebuild
                         self.malformed += 1
                         log.warning("request-cache redis: skipped malformed entry %s:%s:e:%s (%s: %s); a lookup "
@@ -221,6 +247,8 @@ class RedisStore:
                         continue
                     if entry is not None:
                         yield entry
+                if damaged:
+                    self._drop_damaged(damaged)
         except LINK_ERRORS as exc:
             self.breaker.failure(exc)
             raise

@@ -145,8 +145,7 @@ class RequestCache:
         self.guard = MissGuard(config.miss_window_s, config.miss_limit, config.negative_ttl_s, clock)
         self._stats = CacheStats(config.review_size)
         self.faults = StoreFaults(self._stats, clock)   # a store that fails makes misses, never failed requests
-        if isinstance(self.store, SQLiteStore):
-            self.store.on_damaged = self._damaged
+        self.store.on_damaged = self._damaged
         self.touched: dict[str, Entry] = {}       # hit counts not yet persisted
         self.touch_lock = threading.Lock()        # the event loop counts hits, the writer thread persists them
         self.generation = 0                       # bumped by invalidate(): writes queued before it are dropped

@@ -61,6 +61,9 @@ class Store(Protocol):
     def expired(self, now: float) -> list[str]: ...
     def entries(self) -> Iterator[Entry]: ...
     def usage(self) -> dict: ...
+    # told the ids of entries a read found changed under their checksum (and deleted), so the cache in front forgets
+    # them too: its semantic index would otherwise keep naming an entry that no longer exists
+    on_damaged: Callable[[list[str]], None] | None
     def __len__(self) -> int: ...
     def close(self) -> None: ...
 
@@ -130,6 +133,22 @@ def _checksum(row: tuple) -> int:
     return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
 
 
+def entry_checksum(entry: Entry) -> int:
+    """The checksum of an entry's content as every store keeps it (hit counters aside)."""
+    return _checksum(_row(entry))
+
+
+def report_damaged(damaged: list[str], on_damaged: Callable[[list[str]], None] | None) -> None:
+    """Log entries a store dropped because their content no longer matched its checksum, and tell its listener."""
+    if not damaged:
+        return
+    log.error("request-cache store: %d entr%s failed %s checksum and %s dropped: %s", len(damaged),
+              "y" if len(damaged) == 1 else "ies", "its" if len(damaged) == 1 else "their",
+              "was" if len(damaged) == 1 else "were", ", ".join(damaged[:5]))
+    if on_damaged is not None:
+        on_damaged(damaged)
+
+
 def _row_size(row: tuple) -> int:
     """Bytes an entry counts against the bounds: its texts (UTF-8) and blobs, plus a fixed overhead."""
     return _ROW_OVERHEAD + sum(len(v.encode()) if isinstance(v, str) else len(v)
@@ -171,9 +190,7 @@ class SQLiteStore:
         (<file>.corrupt-<time>, with its -wal and -shm) for an empty store. Other open failures: ValueError.
         max_bytes bounds the entries' bytes, tenant_max_share the fraction one tenant may hold (see StoreQuota)."""
         self.quota = StoreQuota(max_bytes, tenant_max_share)
-        # told the ids of entries dropped for a failed checksum, so the cache in front forgets them (its semantic
-        # index would otherwise keep naming an entry that no longer exists until the next start)
-        self.on_damaged: Callable[[list[str]], None] | None = None
+        self.on_damaged: Callable[[list[str]], None] | None = None     # see Store
         self.path = path or ":memory:"
         self.owner = None if self.path == ":memory:" else _own(self.path)
         try:
@@ -245,7 +262,7 @@ class SQLiteStore:
             row = self.db.execute(f"SELECT {_COLUMNS}, checksum FROM entries WHERE entry_id = ?",
                                   (entry_id,)).fetchone()
             rows, damaged = self._intact([row] if row else [])
-        self._report_damaged(damaged)
+        report_damaged(damaged, self.on_damaged)     # outside the lock: the listener takes the cache's
         return _entry(rows[0]) if rows else None
 
     def _intact(self, rows: list[tuple]) -> tuple[list[tuple], list[str]]:
@@ -259,16 +276,6 @@ class SQLiteStore:
                 gone = self._delete_rows(damaged)
             self._account(gone)
         return [row[:-1] for row in rows if row[0] not in damaged], damaged
-
-    def _report_damaged(self, damaged: list[str]) -> None:
-        """Log entries dropped for a failed checksum and tell on_damaged (outside the lock: it takes the cache's)."""
-        if not damaged:
-            return
-        log.error("request-cache store: %d entr%s failed %s checksum and %s dropped: %s", len(damaged),
-                  "y" if len(damaged) == 1 else "ies", "its" if len(damaged) == 1 else "their",
-                  "was" if len(damaged) == 1 else "were", ", ".join(damaged[:5]))
-        if self.on_damaged is not None:
-            self.on_damaged(damaged)
 
     def delete(self, entry_ids: list[str]) -> int:
         """Delete entries by id; returns how many existed."""
@@ -342,7 +349,7 @@ class SQLiteStore:
         """Every stored entry (to rebuild the semantic index on start); read in one snapshot."""
         with self.lock:
             rows, damaged = self._intact(self.db.execute(f"SELECT {_COLUMNS}, checksum FROM entries").fetchall())
-        self._report_damaged(damaged)
+        report_damaged(damaged, self.on_damaged)     # outside the lock: the listener takes the cache's
         return (_entry(r) for r in rows)
 
     def usage(self) -> dict:

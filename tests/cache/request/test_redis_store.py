@@ -249,6 +249,35 @@ def test_a_malformed_hash_in_redis_is_skipped_and_replication_goes_on(url, serve
         a.close()
 
 
+def test_an_answer_changed_in_redis_under_its_checksum_is_dropped_on_every_replica_never_served(url, server):
+    """Redis keeps whatever it is given: a changed answer (a hand edit, a bad restore) passed for the cached one. Each
+    hash holds a checksum of its content; a read that finds it changed deletes the entry (the stream tells the other
+    replicas, whose layers forget it) and is a miss. Hit counters change freely; a hash without a checksum (written
+    before there was one) is taken as it is."""
+    a, b = replica(url), replica(url)
+    try:
+        run(answer(a, chat("What is a monad?"), "A monoid."))
+        run(answer(a, chat("Who invented the light bulb?"), "Edison."))
+        run(answer(a, chat("Where is Timbuktu?"), "In Mali."))
+        eventually(lambda: len(b.semantic) == 3)
+        client = server.client()
+        keys = {client.hget(k, "answer"): k for k in client.keys("strata:default:*:e:*")}
+        client.hset(keys[b"A monoid."], "answer", "A burrito.")
+        client.hset(keys[b"Edison."], "hits", 41)
+        client.hdel(keys[b"In Mali."], "checksum")
+        missed = run(b.lookup(chat("What is a monad?")))
+        assert missed.layer == "miss" and not client.exists(keys[b"A monoid."])
+        missed.release()
+        assert b.stats()["counters"]["store"]["damaged"] == 1
+        eventually(lambda: len(a.semantic) == 2 and len(b.semantic) == 2)      # a had it in memory and indexed
+        assert run(a.lookup(chat("What is a monad?"))).layer == "miss"
+        assert run(b.lookup(chat("Who invented the light bulb?"))).hit.text == "Edison."
+        assert run(b.lookup(chat("Where is Timbuktu?"))).hit.text == "In Mali."
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_resync_that_fails_for_another_reason_keeps_the_follower_and_says_redis_is_down(url, monkeypatch):
     a = replica(url)
     try:
