@@ -19,12 +19,13 @@ from urllib.parse import quote
 
 import numpy as np
 import redis
+import xxhash
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from strata.cache.request.redis_breaker import Breaker
 from strata.cache.request.request import AnswerMeta
-from strata.cache.request.store import Entry, entry_checksum, report_damaged, stored_size
+from strata.cache.request.store import Entry, report_damaged, stored_size
 from strata.cache.request.store_quota import StoreQuota
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,24 @@ def _fields(entry: Entry) -> list:
         pairs["embedding"] = np.asarray(entry.embedding, np.float32).tobytes()
     if entry.meta is not None:
         pairs["meta"] = entry.meta.to_json()
-    pairs["checksum"] = entry_checksum(entry)
-    return [x for pair in pairs.items() for x in pair]
+    stored = {name.encode(): value if isinstance(value, bytes) else str(value).encode() for name, value in pairs.items()}
+    stored[b"checksum"] = str(_checksum(stored)).encode()
+    return [x for pair in stored.items() for x in pair]
+
+
+_UNCHECKED = (b"hits", b"last_hit", b"checksum")     # the hit counters change on every hit (touch)
+
+
+def _checksum(fields: dict[bytes, bytes]) -> int:
+    """xxh64 of a hash's stored fields but the hit counters, in name order: computed from the bytes as stored, so a
+    replica of another version (with fields it does not know) checks it the same."""
+    digest = xxhash.xxh64()
+    for name in sorted(fields):
+        if name not in _UNCHECKED:
+            for part in (name, fields[name]):
+                digest.update(len(part).to_bytes(8, "little"))
+                digest.update(part)
+    return digest.intdigest()
 
 
 class _Damaged(Exception):
@@ -75,17 +92,16 @@ def _entry(entry_id: str, fields: dict[bytes, bytes]) -> Entry | None:
     its checksum (a hash from before checksums has none and is taken as it is)."""
     if not fields:
         return None
+    if b"checksum" in fields and fields[b"checksum"] != str(_checksum(fields)).encode():
+        raise _Damaged(entry_id)
     text = {k.decode(): v.decode() for k, v in fields.items() if k != b"embedding"}
     blob = fields.get(b"embedding")
-    entry = Entry(entry_id, text["partition"], text["tenant"], text["model"], text["text"], text["answer"],
-                  float(text["created_at"]), float(text["expires_at"]), text["ttl_class"],
-                  tuple(json.loads(text["tags"])), text["semantic"] == "1", int(text["hits"]),
-                  float(text["last_hit"]) if text["last_hit"] else None,
-                  None if blob is None else np.frombuffer(blob, np.float32).copy(),
-                  AnswerMeta.from_json(text["meta"]) if "meta" in text else None)
-    if "checksum" in text and int(text["checksum"]) != entry_checksum(entry):
-        raise _Damaged(entry_id)
-    return entry
+    return Entry(entry_id, text["partition"], text["tenant"], text["model"], text["text"], text["answer"],
+                 float(text["created_at"]), float(text["expires_at"]), text["ttl_class"],
+                 tuple(json.loads(text["tags"])), text["semantic"] == "1", int(text["hits"]),
+                 float(text["last_hit"]) if text["last_hit"] else None,
+                 None if blob is None else np.frombuffer(blob, np.float32).copy(),
+                 AnswerMeta.from_json(text["meta"]) if "meta" in text else None)
 
 
 class RedisStore:

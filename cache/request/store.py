@@ -133,11 +133,6 @@ def _checksum(row: tuple) -> int:
     return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
 
 
-def entry_checksum(entry: Entry) -> int:
-    """The checksum of an entry's content as every store keeps it (hit counters aside)."""
-    return _checksum(_row(entry))
-
-
 def report_damaged(damaged: list[str], on_damaged: Callable[[list[str]], None] | None) -> None:
     """Log entries a store dropped because their content no longer matched its checksum, and tell its listener."""
     if not damaged:

@@ -12,6 +12,7 @@ import pytest
 from helpers.redis_server import RedisServer
 from helpers.request_cache import FakeSemantic, answer, chat, run
 
+from strata.cache.request.redis_store import _checksum as content_checksum
 from strata.cache.request.request_cache import RequestCache, RequestCacheConfig
 from strata.cache.request.store import Entry
 from strata.cache.request.tinylfu import TinyLFU
@@ -231,7 +232,8 @@ def test_a_malformed_hash_in_redis_is_skipped_and_replication_goes_on(url, serve
         run(answer(a, chat("What is a monad?"), "A monoid."))
         client = server.client()
         (key,) = [k for k in client.keys("strata:default:*:e:*") if client.hget(k, "answer") == b"A monoid."]
-        client.hset(key, "created_at", "1.0.0")
+        client.hset(key, "created_at", "1.0.0")            # as another version might write it: its checksum matches
+        client.hset(key, "checksum", str(content_checksum(client.hgetall(key))))
         b = replica(url)                    # starts: its first resync reads the bad hash
         try:
             assert b.store.malformed == 1 and len(b.semantic) == 1 and b.store.follower.thread.is_alive()
@@ -253,7 +255,8 @@ def test_an_answer_changed_in_redis_under_its_checksum_is_dropped_on_every_repli
     """Redis keeps whatever it is given: a changed answer (a hand edit, a bad restore) passed for the cached one. Each
     hash holds a checksum of its content; a read that finds it changed deletes the entry (the stream tells the other
     replicas, whose layers forget it) and is a miss. Hit counters change freely; a hash without a checksum (written
-    before there was one) is taken as it is."""
+    before there was one) is taken as it is, and so is one with fields a newer version added (the checksum covers the
+    stored bytes, not what this version reads of them)."""
     a, b = replica(url), replica(url)
     try:
         run(answer(a, chat("What is a monad?"), "A monoid."))
@@ -265,6 +268,9 @@ def test_an_answer_changed_in_redis_under_its_checksum_is_dropped_on_every_repli
         client.hset(keys[b"A monoid."], "answer", "A burrito.")
         client.hset(keys[b"Edison."], "hits", 41)
         client.hdel(keys[b"In Mali."], "checksum")
+        newer = keys[b"Edison."]                # a newer version's hash, with a field this one does not know
+        client.hset(newer, "reasoning", "none")
+        client.hset(newer, "checksum", str(content_checksum(client.hgetall(newer))))
         missed = run(b.lookup(chat("What is a monad?")))
         assert missed.layer == "miss" and not client.exists(keys[b"A monoid."])
         missed.release()
