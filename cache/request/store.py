@@ -84,7 +84,8 @@ _COLUMNS = ("entry_id, partition, tenant, model, text, answer, created_at, expir
             "last_hit, embedding, meta")
 # Columns later versions added, as (name, declaration): an older file gains them on open, its rows read as defaults.
 _ADDED_COLUMNS = (("meta", "TEXT"), ("size", "INTEGER NOT NULL DEFAULT 0"), ("checksum", "INTEGER"))
-# What an entry's checksum covers: every column but the hit counters, which touch() rewrites on each hit.
+# What an entry's checksum covers: every column but the hit counters, which touch() rewrites on each hit. A later
+# version that adds a column leaves it out of the checksum, or an older one reading the file drops every row.
 _CHECKED = tuple(i for i, name in enumerate(_COLUMNS.split(", ")) if name not in ("hits", "last_hit"))
 _ROW_OVERHEAD = 100     # bytes per entry beyond its texts and blobs: record header, numbers, key and index entries
 
