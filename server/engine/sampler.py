@@ -18,11 +18,20 @@ class RowError(str):
     """Why one row could not be sampled (the engine fails that request only)."""
 
 
+def row_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Index of each row's maximum (the first of ties; a NaN counts as the maximum, as in torch). On CPU through numpy:
+    torch's argmax over a vocabulary row is not vectorized there (16 rows of 49,152 took 0.91 ms against numpy's
+    0.085 on an AVX2 Zen 3, 1.3% of a 16-sequence decode step)."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32:
+        return logits.argmax(dim=-1)
+    return torch.from_numpy(logits.numpy().argmax(axis=-1))
+
+
 def greedy_tokens(logits: torch.Tensor) -> list[int] | None:
     """Argmax of untouched logits, or None when a row needs the full checks: argmax picks a NaN or +inf when a row has
     one, and -inf only when the whole row is -inf, so finite maxima prove every row healthy with one pass over the
     vocabulary instead of four."""
-    tokens = logits.argmax(dim=-1)
+    tokens = row_argmax(logits)
     if not torch.isfinite(logits.gather(1, tokens.unsqueeze(1))).all():
         return None
     return tokens.tolist()
@@ -49,7 +58,7 @@ def distributions(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: fro
         if tokens is not None:
             return tokens, None, []
     broken = torch.isnan(raw).any(dim=-1) | torch.isposinf(raw).any(dim=-1)
-    tokens: list[int | RowError] = logits.argmax(dim=-1).tolist()
+    tokens: list[int | RowError] = row_argmax(logits).tolist()
     for i in broken.nonzero().flatten().tolist():
         tokens[i] = RowError("the model produced non-finite logits for this request")
     stuck = torch.isneginf(logits).all(dim=-1) & ~broken
