@@ -115,7 +115,7 @@ def _table_pairs(path: Path, suffix: str) -> list[tuple[str, object, object, boo
         rows = [(reader.line_num, row) for row in reader]
     except csv.Error as exc:
         raise ValueError(f"{path}: line {reader.line_num + 1}: {exc}") from None  # the line it failed on
-    if not rows or not {"sentence1", "sentence2", "label"} <= rows[0][1].keys():
+    if not {"sentence1", "sentence2", "label"} <= set(reader.fieldnames or ()):
         raise ValueError(f"{path}: expected columns sentence1, sentence2, label")
     out = []
     for number, row in rows:

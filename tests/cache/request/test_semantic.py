@@ -193,7 +193,9 @@ def test_pairs_files_as_spreadsheets_write_them_load_and_broken_ones_name_file_a
             ("latin1.csv", "sentence1,sentence2,label\ncaf\xe9,coffee,1\n".encode("latin-1"), "line 2: not UTF-8"),
             ("broken.jsonl", b'{"cached": "a", "query": "b", "same": true}\n\n{cached: "a"}\n', "line 3: not JSON"),
             ("numbers.jsonl", b'{"cached": 5, "query": "b", "same": true}\n', "line 1: both questions must be text"),
-            ("empty.json", b"", "not JSON")]:
+            ("empty.json", b"", "not JSON"),
+            ("header_only.csv", b"sentence1,sentence2,label\n", "no pairs"),       # its columns are right
+            ("nothing.csv", b"", "expected columns sentence1, sentence2, label")]:
         (tmp_path / name).write_bytes(content)
         with pytest.raises(ValueError, match=f"{name}: {error}"):
             load_pairs(tmp_path / name)
