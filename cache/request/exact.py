@@ -66,6 +66,8 @@ class ExactCache:
         self.store = store
         self.memory = memory
         self.clock = clock
+        self._forgets = 0           # bumped by every forget: a store read older than one is not promoted
+        self._forget_lock = threading.Lock()
 
     def get(self, entry_id: str) -> Entry | None:
         """The live entry under entry_id, or None: memory, then the store (which may block: not on an event loop)."""
@@ -77,11 +79,16 @@ class ExactCache:
         return self.memory.get(entry_id)
 
     def get_stored(self, entry_id: str) -> Entry | None:
-        """The live entry from the store, promoted to memory; reads the store, so call it off the event loop."""
+        """The live entry from the store, promoted to memory unless entries were forgotten while it was read (an
+        invalidation then may have deleted it after the read: promoting it would serve it until its TTL); reads the
+        store, so call it off the event loop."""
+        forgets = self._forgets
         entry = self.store.get(entry_id)
         if entry is None or entry.expires_at <= self.clock():
             return None
-        self.remember(entry)
+        with self._forget_lock:
+            if forgets == self._forgets:
+                self.remember(entry)
         return entry
 
     def remember(self, entry: Entry) -> None:
@@ -90,7 +97,15 @@ class ExactCache:
 
     def forget(self, entry_ids: list[str]) -> None:
         """Drop entries from memory (the caller deletes them from the store)."""
-        self.memory.discard(entry_ids)
+        with self._forget_lock:
+            self._forgets += 1
+            self.memory.discard(entry_ids)
+
+    def clear(self) -> None:
+        """Forget everything in memory (the store may have changed unseen)."""
+        with self._forget_lock:
+            self._forgets += 1
+            self.memory.clear()
 
     def __len__(self) -> int:
         return len(self.memory)

@@ -596,7 +596,7 @@ class RequestCache:
         the store (SCAN), under the write lock so that no write lands between the scan and the cleanup. The store
         answered the flush and the scan, so the outage's faults no longer make health() "degraded"."""
         with self.write_lock:
-            self.exact.memory.clear()
+            self.exact.clear()
             if self.semantic is not None:
                 seen = self._index_stored()
                 for entry_id in set(self.semantic.ids()) - seen:
@@ -604,9 +604,13 @@ class RequestCache:
         self.faults.resolved()
 
     def _remove(self, entry_ids) -> int:
+        """Forget, delete, forget again: the second drops a copy that a lookup read from the store before the
+        delete and promoted to memory meanwhile (and voids one still being read)."""
         entry_ids = list(entry_ids)
         self._forget(entry_ids)
-        return self.store.delete(entry_ids)
+        deleted = self.store.delete(entry_ids)
+        self.exact.forget(entry_ids)
+        return deleted
 
     def _damaged(self, entry_ids: list[str]) -> None:
         """The store dropped entries whose content failed its checksum: count them, forget them here too."""

@@ -371,6 +371,46 @@ def test_invalidate_by_entry_id_and_queued_writes_are_dropped():
     cache.close()
 
 
+def test_a_lookup_reading_the_store_during_an_invalidation_does_not_bring_the_entry_back():
+    """A lookup that read an entry from the store while an invalidation ran must not promote it to memory: every
+    later lookup would get it as an exact hit until its TTL (days), though the store no longer holds it."""
+    cache = make()
+    run(answer(cache, chat("Write a haiku about the sea"), "OLD ANSWER"))
+    cache.exact.memory.clear()                          # e.g. after a restart: hits come from the store
+    read = cache.store.get
+
+    def racing_read(entry_id):
+        entry = read(entry_id)
+        threading.Thread(target=cache.invalidate, kwargs={"tenant": "default"}).start()
+        time.sleep(0.2)                                 # the invalidation completes before the promotion
+        return entry
+
+    cache.store.get = racing_read
+    racing = run(cache.lookup(chat("Write a haiku about the sea")))
+    cache.store.get = read
+    assert racing.layer == "exact" and len(cache.store) == 0     # it began before the invalidation ended
+    after = run(cache.lookup(chat("Write a haiku about the sea")))
+    assert after.layer == "miss"
+    after.release()
+    cache.close()
+
+
+def test_a_lookup_between_an_invalidations_forget_and_its_delete_does_not_bring_the_entry_back():
+    """The same race one step later: the lookup reads the store after the entry left memory but before the store
+    deleted it (nothing was forgotten during its own read, so it promotes)."""
+    cache = make()
+    run(answer(cache, chat("Write a haiku about the sea"), "OLD ANSWER"))
+    entry_id = cache.store.ids()[0]
+    delete = cache.store.delete
+    cache.store.delete = lambda ids: (cache.exact.get(entry_id), delete(ids))[1]
+    assert cache.invalidate(tenant="default") == 1
+    cache.store.delete = delete
+    after = run(cache.lookup(chat("Write a haiku about the sea")))
+    assert after.layer == "miss"
+    after.release()
+    cache.close()
+
+
 def test_restart_keeps_entries_and_rebuilds_the_semantic_index(tmp_path):
     clock = Clock()
     cache = make(tmp_path, semantic=FakeSemantic(), clock=clock)
