@@ -55,11 +55,16 @@ def _content(msg: dict) -> str:
     return "\n".join(texts)
 
 
+_EXACT_IN_FLOAT = 2 ** 53      # every integer up to this is a float exactly
+
+
 def _canonical(value: object) -> object:
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return value
-    if isinstance(value, (int, float)):
-        return float(value)
+    if isinstance(value, int):  # 0 == 0.0, but past 2**53 a float merges neighbouring integers (seeds go to 2**64)
+        return float(value) if abs(value) <= _EXACT_IN_FLOAT else value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) > _EXACT_IN_FLOAT else value
     if isinstance(value, dict):
         return {str(k): _canonical(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -122,6 +122,16 @@ def test_sampling_is_sorted_and_canonical():
         sampling_key({"temperature": object()})
 
 
+def test_sampled_seeds_past_two_to_the_53_keep_their_own_keys():
+    """A float holds every integer only up to 2**53; seeds go to 2**64 - 1, and one key for neighbouring seeds served
+    one seed's sample for another's (audit 12)."""
+    seeds = [2 ** 63, 2 ** 63 + 1, 2 ** 63 + 1000, 2 ** 64 - 1, 2 ** 53 + 1]
+    assert len({sampling_key({"temperature": 0.9, "seed": s}) for s in seeds}) == len(seeds)
+    assert sampling_key({"temperature": 0.9, "seed": 2.0 ** 60}) == sampling_key({"temperature": 0.9, "seed": 2 ** 60})
+    assert sampling_key({"temperature": 0.9, "seed": 7}) == sampling_key({"temperature": 0.9, "seed": 7.0})
+    assert "10000000000" in sampling_key({"temperature": 0.9, "seed": 10 ** 400})     # no OverflowError either
+
+
 def test_greedy_keys_ignore_what_greedy_decoding_never_reads():
     """seed, top_p and top_k split greedy answers for nothing, and so did 0 against 1e-6 (lost hits, audit 7)."""
     greedy = sampling_key({"temperature": 0})
