@@ -250,7 +250,7 @@ class RequestCache:
                     self._stats.count("lease.taken")
                 else:
                     found, leased = await self._wait_for_leaseholder(req, key, decision)
-            except asyncio.CancelledError:
+            except BaseException:           # cancelled, or failed: identical requests must not wait on this flight
                 self.flights.finish(flight, RELEASED)
                 raise
             if found is not None:
@@ -262,7 +262,16 @@ class RequestCache:
             self._stats.count("guard.marked")
         drafts = ()
         if req.draft_answers and flight.embedding is not None and not guarded:
-            drafts = await asyncio.to_thread(self._draft_answers, req, key, flight.embedding)
+            try:
+                drafts = await asyncio.to_thread(self._draft_answers, req, key, flight.embedding)
+            except asyncio.CancelledError:  # the client left: identical requests waiting on this flight compute
+                self.flights.finish(flight, RELEASED)
+                if leased:
+                    self._unlease(key.exact)
+                raise
+            except Exception:               # drafts only speed the engine up: a failure costs them, not the request
+                log.exception("reading draft answers failed")
+                self._stats.count("semantic.error")
         return Lookup("miss", "penetration-guard" if guarded else decision.reason, key=key, decision=decision,
                       write=not guarded, cache=self, flight=flight, leased=leased, drafts=drafts)
 

@@ -937,6 +937,42 @@ def test_a_miss_asked_for_drafts_gets_its_closest_unserved_answers_never_another
     plain.release()
 
 
+def test_a_leader_cancelled_or_failing_while_reading_drafts_never_leaves_identical_requests_waiting():
+    """Audit 12: a client that left while its drafts were read left the flight open, so every identical request
+    waited follow_timeout_s; a failing read of the drafts now costs the drafts, not the request."""
+    semantic = FakeSemantic()
+    candidates, started = semantic.candidates, threading.Event()
+
+    def slow_candidates(*args, **kwargs):
+        started.set()
+        time.sleep(0.3)
+        return candidates(*args, **kwargs)
+
+    semantic.candidates = slow_candidates
+    cache = make(semantic=semantic, follow_timeout_s=5.0)
+
+    async def go():
+        leader = asyncio.create_task(cache.lookup(chat("Explain quicksort", draft_answers=2)))
+        await asyncio.to_thread(started.wait, 5)
+        leader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await leader
+        begin = time.monotonic()
+        next_one = await cache.lookup(chat("Explain quicksort"))
+        assert next_one.layer == "miss" and time.monotonic() - begin < 2   # led at once, not after 5 s
+        next_one.release()
+        semantic.candidates = lambda *a, **k: 1 / 0
+        failing = await cache.lookup(chat("Explain quicksort", draft_answers=2))
+        assert failing.layer == "miss" and failing.drafts == ()
+        failing.complete("Pick a pivot, partition, recurse.")
+        await cache.drain()
+        assert (await cache.lookup(chat("Explain quicksort"))).layer == "exact"
+
+    run(go())
+    assert cache.flights.flights == {}
+    cache.close()
+
+
 def test_a_language_not_served_semantically_still_gets_drafts():
     """Audit: --speculative cache drafted nothing in English at the default bound, where English is not served;
     drafts are verified by the model, so they need no certified threshold."""
