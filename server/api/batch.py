@@ -1,6 +1,6 @@
 """The answers of one request as a whole: one choice per prompt (completions may carry several) and sample (`n`),
 in order. Their texts are awaited together, their pieces merged into one stream, their
-usage summed; one that fails cancels the rest (whose sequences are aborted, their blocks freed)."""
+usage summed (each prompt once); one that fails cancels the rest (whose sequences are aborted, their blocks freed)."""
 from __future__ import annotations
 
 import asyncio
@@ -67,8 +67,11 @@ async def merged(answers: list[Answer]) -> AsyncIterator[tuple[int, str, list[To
 
 
 def total_usage(answers: list[Answer]) -> dict:
-    return usage(sum(a.prompt_tokens for a in answers), sum(a.completion_tokens for a in answers),
-                 sum(a.cached_tokens for a in answers))
+    """Each prompt counted once, as its first sample computed it (OpenAI's and vLLM's usage: n multiplies the
+    completion tokens only); the later samples' reuse of its blocks shows in the prefix-cache metrics."""
+    firsts = [a for a in answers if not a.repeats_prompt]
+    return usage(sum(a.prompt_tokens for a in firsts), sum(a.completion_tokens for a in answers),
+                 sum(a.cached_tokens for a in firsts))
 
 
 def headers(answers: list[Answer]) -> dict[str, str]:

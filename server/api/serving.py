@@ -54,6 +54,7 @@ class Answer:
     sent_logprobs: int = 0              # of logprobs, handed out by take_logprobs already
     prefilled: asyncio.Event = field(default_factory=asyncio.Event)   # set at its first output (or its end)
     spec: dict[str, dict[str, int]] | None = None   # what speculative drafts did for it, per source
+    repeats_prompt: bool = False        # a later sample (n > 1) of its prompt: usage counts the prompt once
 
     def release(self) -> None:
         """Let single-flight followers go if this answer was never computed (a client gone before its first byte);
@@ -147,7 +148,7 @@ class Completer:
                         lookup.reason if lookup else bypass or "no-cache-configured", None, len(ids),
                         started=started, lookup=lookup, logprobs=[] if params.logprobs is not None else None,
                         echo=self.echo_text(prompt, ids) if echo else None,
-                        scores_only=req.requested_max_tokens() == 0)
+                        scores_only=req.requested_max_tokens() == 0, repeats_prompt=sample > 0)
         queued = max(self.engine.num_pending, self.admitted)
         if queued >= self.config.max_queue:
             if lookup is not None:

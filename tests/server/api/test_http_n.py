@@ -26,6 +26,11 @@ def test_n_samples_are_choices_in_order_reproducible_with_a_seed(server):
     assert texts[0] == chat(server, extra_body={"ignore_eos": True}).parse().choices[0].message.content
     assert [c.message.content for c in chat(server, n=3, extra_body={"ignore_eos": True}).parse().choices] == texts
     assert raw.headers["x-strata-cache"] == "bypass, bypass, bypass" and out.strata[0]["reason"] == "n>1"
+    one = chat(server, extra_body={"ignore_eos": True}).parse()
+    assert out.usage.prompt_tokens == one.usage.prompt_tokens                 # n multiplies completion tokens only
+    prompts = ["Name a colour:", "Name a fruit that is yellow:"]
+    two = client(server).completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=2, temperature=1.0)
+    assert two.usage.prompt_tokens == sum(len(server.inputs.tokenizer.encode(p)) for p in prompts)
 
 
 def test_later_samples_reuse_the_prompt_blocks_of_the_first(server):
@@ -37,9 +42,9 @@ def test_later_samples_reuse_the_prompt_blocks_of_the_first(server):
     before = server.stats()["prefix_cache_hit_tokens"]
     out = client(server).completions.create(model=MODEL, prompt=prompt, n=4, max_tokens=3, temperature=1.0,
                                             extra_body={"ignore_eos": True})
-    assert len(out.choices) == 4 and out.usage.prompt_tokens == 4 * tokens
+    assert len(out.choices) == 4 and out.usage.prompt_tokens == tokens      # the prompt counted once (OpenAI, vLLM)
     assert server.stats()["prefix_cache_hit_tokens"] - before == 3 * shared
-    assert out.usage.prompt_tokens_details.cached_tokens == 3 * shared
+    assert out.usage.prompt_tokens_details.cached_tokens == 0               # as its first sample computed it
 
 
 def test_n_times_prompts_is_bounded(server):
