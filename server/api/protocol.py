@@ -38,6 +38,8 @@ from strata.server.engine.sampling_params import (
 ANSWER_EXTENSIONS = frozenset({"ignore_eos", "min_tokens", "stop_token_ids", "skip_special_tokens",
                                "include_stop_str_in_output", "repetition_penalty", "presence_penalty",
                                "frequency_penalty"})
+# Fields whose null means "the default" in OpenAI's API (the others it types nullable are `X | None` here already).
+NULL_IS_DEFAULT = frozenset({"temperature", "top_p", "n", "stream", "presence_penalty", "frequency_penalty"})
 # One stop string or a list of them, read as a list, so an error names `stop` (not a member of a union).
 Stops = Annotated[Annotated[list[str], Field(max_length=MAX_STOPS)] | None,
                   BeforeValidator(lambda v: [v] if isinstance(v, str) else v),
@@ -122,6 +124,15 @@ class _Common(Strict):
     cache: CacheMode = "auto"
     cache_tags: list[str] = Field(default_factory=list)
     similar_note: StrictBool | None = None   # None = the server's setting
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data):
+        """OpenAI types these `X | null`, null meaning the default, and its client sends null for an argument given as
+        None: read a null as absent (refused as a 400 before)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (v is None and k in NULL_IS_DEFAULT)}
+        return data
 
     @field_validator("stream_options")
     @classmethod

@@ -151,3 +151,18 @@ def test_the_length_limit_an_answer_was_made_under_is_in_its_key(server):
     assert layer() == "exact"                   # the same limit, named or not
     assert layer(max_tokens=5) == "miss"
 
+
+
+def test_null_for_a_nullable_openai_setting_means_its_default(server, natural):
+    """OpenAI types temperature, top_p, n, stream and the penalties `X | null`, and its client sends null for an
+    argument given as None (audit 11: each was a 400 here)."""
+    out = client(server).chat.completions.create(
+        model=MODEL, messages=HI, max_tokens=40, temperature=None, top_p=None, n=None, presence_penalty=None,
+        frequency_penalty=None, extra_body={"cache": "off", "stream": None})
+    assert len(out.choices) == 1 and out.usage.completion_tokens > 0
+    greedy = client(server).chat.completions.create(model=MODEL, messages=HI, max_tokens=40, temperature=0,
+                                                    top_p=None, presence_penalty=None, extra_body={"cache": "off"})
+    assert greedy.choices[0].message.content == natural.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as info:           # a required field stays required
+        client(server).chat.completions.create(model=MODEL, messages=None, max_tokens=4)
+    assert info.value.param == "messages"
