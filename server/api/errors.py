@@ -14,7 +14,7 @@ from strata.server.api import unsupported
 
 log = logging.getLogger("strata.server")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
+          404: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}
 
 
 class APIError(Exception):

@@ -41,9 +41,9 @@ def openai_router(auth: Auth, completer: Completer, metrics: Metrics, max_body_b
         except APIError as exc:
             metrics.observe_error(endpoint, exc.status)
             raise
-        shape = Shape(chat, req.model)
-        formats = [None if a.logprobs is None else LogprobsFormat(completer.inputs.tokenizer, chat) for a in answers]
         include_usage, continuous = req.stream_options.usage_in() if req.stream and req.stream_options else (False, False)
+        shape = Shape(chat, req.model, usage_null=include_usage)
+        formats = [None if a.logprobs is None else LogprobsFormat(completer.inputs.tokenizer, chat) for a in answers]
         if req.stream and all(a.cached_text is not None for a in answers):
             # the same SSE events, written at once: a streaming response's task group costs a hit more than its lookup
             events = _open(shape, answers) + "".join(_data(_content(shape, answers, a.cached_text, i, None, continuous))

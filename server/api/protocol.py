@@ -267,13 +267,16 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 class Shape:
     """Builds response bodies and stream chunks for one request, so chat and completions share the path."""
 
-    __slots__ = ("chat", "id", "created", "model")
+    __slots__ = ("chat", "id", "created", "model", "usage_null")
 
-    def __init__(self, chat: bool, model: str):
+    def __init__(self, chat: bool, model: str, usage_null: bool = False):
+        """usage_null: the stream ends with a usage chunk, so every other chunk says `"usage": null` (OpenAI's
+        include_usage)."""
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.model = model
+        self.usage_null = usage_null
 
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
@@ -295,10 +298,12 @@ class Shape:
               logprobs: dict | None = None, index: int = 0) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text} if text else {}
-            return self._envelope("chat.completion.chunk", [{"index": index, "delta": delta, "logprobs": logprobs,
-                                                             "finish_reason": finish_reason}])
-        return self._envelope("text_completion", [{"index": index, "text": text, "logprobs": logprobs,
-                                                   "finish_reason": finish_reason}])
+            chunk = self._envelope("chat.completion.chunk", [{"index": index, "delta": delta, "logprobs": logprobs,
+                                                              "finish_reason": finish_reason}])
+        else:
+            chunk = self._envelope("text_completion", [{"index": index, "text": text, "logprobs": logprobs,
+                                                        "finish_reason": finish_reason}])
+        return chunk | {"usage": None} if self.usage_null else chunk
 
     def usage_chunk(self, usage_: dict) -> dict:
         return self._envelope("chat.completion.chunk" if self.chat else "text_completion", []) | {"usage": usage_}

@@ -5,6 +5,7 @@ test_calibration.py), so no English paraphrase would hit. Each test makes the hi
 of them runs alone or in any order."""
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -84,6 +85,11 @@ def test_streaming_with_usage_and_cached_stream(server):
         server.settle()
     assert results[0][0] == "miss" and results[1][0] == "exact"     # a cached answer streams too
     assert results[0][1] == results[1][1] and results[0][1].strip()
+    for _ in range(2):      # OpenAI: "all other chunks will also include a usage field, but with a null value"
+        with server.http() as http:
+            events = [json.loads(line[6:]) for line in http.post("/v1/chat/completions", json=kwargs).text.splitlines()
+                      if line.startswith("data: {")]
+        assert [e["usage"] is None for e in events] == [True] * (len(events) - 1) + [False]
 
 
 def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(server):

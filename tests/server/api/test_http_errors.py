@@ -93,6 +93,7 @@ def test_unknown_model_via_openai_client(server):
     with pytest.raises(openai.NotFoundError) as info:
         client.chat.completions.create(model="gpt-9", messages=[{"role": "user", "content": "hi"}])
     assert info.value.code == "model_not_found" and info.value.param == "model"
+    assert info.value.type == "invalid_request_error"          # OpenAI's type for it (audit 11: not_found_error)
 
 
 def test_context_length_exceeded(server):
