@@ -33,7 +33,7 @@ class RequestKey:
     partition: str             # tenant|model|system hash|context hash|sampling hash
     text: str                  # key text: normalized user text, templated when personal; what the semantic layer indexes
     query: str                 # normalized literal user text
-    conversation: str          # every user turn, normalized: what the policy reads
+    conversation: str          # every user and assistant turn, normalized: what the bypass rules read
     values: dict[str, str] = field(default_factory=dict)
     personal: bool = False
     about_value: bool = False  # asks about a personal value itself (its meaning, length, ...): never shared
@@ -96,7 +96,7 @@ def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
     query = _content(last) if req.verbatim else normalize_text(_content(last))
     if not query.strip():
         raise NotCacheable("empty-query")
-    system, context, user_turns = [], [], []
+    system, context, turns = [], [], []
     for position, msg in enumerate(history):
         text = normalize_text(_content(msg))
         if msg["role"] in ("system", "developer"):
@@ -104,9 +104,8 @@ def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
             # one, and one moved after a turn renders elsewhere; both are other prompts
             system.append([position, msg["role"], text])
             continue
-        if msg["role"] == "user":
-            user_turns.append(text)
         context.append({**msg, "content": text})
+        turns.append(text)      # an assistant's offer to look up the weather, answered "yes please", is real-time
     try:
         context_json = json.dumps(context, sort_keys=True, ensure_ascii=False)
     except TypeError as exc:
@@ -123,7 +122,7 @@ def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
         partition=partition,
         text=templated.text,
         query=query,
-        conversation="\n".join([*user_turns, query]),
+        conversation="\n".join([*turns, query]),
         values=templated.values,
         personal=templated.personal,
         about_value=templated.about_value,

@@ -66,6 +66,20 @@ def test_bypass_looks_at_the_whole_conversation(policy):
     assert policy.decide(r, build_key(r)).reason == "realtime"
 
 
+def test_an_assistant_turn_can_make_the_question_real_time(policy):
+    """Audit 12: the rules read the user turns only, so "Yes please" after an offer to look up the weather was cached
+    for an hour. The system prompt stays unread by design: it partitions the cache, and a deployment whose prompt
+    makes every answer time-dependent turns the cache off (docs/request-cache-interfaces.md)."""
+    def reason(earlier: dict) -> str:
+        r = CacheRequest("t", "m", [earlier, {"role": "user", "content": "Yes please"}], {"temperature": 0})
+        return policy.decide(r, build_key(r)).reason
+
+    assert reason({"role": "assistant", "content": "Shall I check the current weather and today's forecast?"}) \
+        == "realtime"
+    assert reason({"role": "assistant", "content": "Shall I explain how binary search works?"}) != "realtime"
+    assert reason({"role": "system", "content": "Always mention today's date."}) != "realtime"
+
+
 def test_temperature_rules():
     seeded = Policy.load()
     d = decide(seeded, "Write a haiku", {"temperature": 0.7})
@@ -126,13 +140,18 @@ def test_real_time_questions_of_other_wordings_and_languages_bypass(policy, text
     ("Recommend a restaurant near me", "realtime"), ("Wie spät ist es?", "realtime"), ("¿Qué hora es?", "realtime"),
     ("I forgot my passwd", "security"), ("Can I get sued for this?", "legal"),
     ("Is it against the law to record a call?", "legal"), ("What should I invest my savings in?", "money"),
+    # audit 12: cached for 7 days or an hour before
+    ("Which day of the week is it?", "realtime"), ("What is the EUR USD rate?", "realtime"),
+    ("What's the time in Tokyo?", "realtime"), ("How cold is it in Berlin?", "realtime"),
+    ("How hot is it in Paris?", "realtime"), ("Quelle heure est-il ?", "realtime"), ("Che ore sono?", "realtime"),
 ])
 def test_phrasings_an_audit_found_cached_now_bypass(policy, text, reason):
     assert decide(policy, text).reason == reason
 
 
 @pytest.mark.parametrize("text", ["How do I move 3 columns to the left in Excel?", "Who was the first president of the US?",
-                                  "What is a news aggregator?", "Explain the MIT license", "What does a landlord do?"])
+                                  "What is a news aggregator?", "Explain the MIT license", "What does a landlord do?",
+                                  "What is the time complexity of merge sort?", "What is the time signature of a waltz?"])
 def test_their_neighbours_that_do_not_depend_on_time_or_person_stay_cacheable(policy, text):
     assert not decide(policy, text).bypass
 
