@@ -8,7 +8,7 @@ import xxhash
 
 from strata.cache.request.normalize import normalize_text
 from strata.cache.request.request import CacheRequest
-from strata.cache.request.templating import Templated, template_request
+from strata.cache.request.templating import Templated, template_request, typed_placeholder
 
 # Request fields that do not change the answer text, so they do not split the cache.
 _NOT_IN_KEY = frozenset({"stream", "stream_options", "user"})
@@ -96,6 +96,8 @@ def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
     query = _content(last) if req.verbatim else normalize_text(_content(last))
     if not query.strip():
         raise NotCacheable("empty-query")
+    if not req.verbatim and typed_placeholder(query):
+        raise NotCacheable("placeholder-text")
     system, context, turns = [], [], []
     for position, msg in enumerate(history):
         text = normalize_text(_content(msg))

@@ -40,6 +40,12 @@ class Templated:
     about_value: bool = False                               # it asks about a personal value itself: never templated
 
 
+def typed_placeholder(text: str) -> bool:
+    """Text with the placeholder brackets, as a user may type them ("My name is ⟦NAME_1⟧."): keyed, it would be the
+    very key another user's templated request has, and its answer would be served to that user."""
+    return _OPEN in text or _CLOSE in text
+
+
 @lru_cache(maxsize=8192)
 def template_request(text: str) -> Templated:
     """Cut the entities out of a request that carries PII; a request without PII keeps its literal text.

@@ -188,6 +188,18 @@ def test_uncacheable_shapes():
     assert build_key(parts).query == "hi"
 
 
+def test_typed_placeholder_brackets_are_never_keyed_as_another_users_templated_request():
+    """Audit 12: "My name is ⟦NAME_1⟧. Write ..." keyed literally as exactly what "My name is Alice. Write ..."
+    templates to, so its answer (written by whoever typed it) was served to Alice as an exact hit."""
+    planted = "My name is \u27e6NAME_1\u27e7. Write a two-line poem about the sea for me."
+    victim = build_key(CacheRequest("t", "m", [{"role": "user", "content": planted.replace("\u27e6NAME_1\u27e7",
+                                                                                            "Alice")}]))
+    assert victim.personal and victim.text == planted
+    for text in (planted, "Explain the \u27e7 bracket", "What does \u27e6x\u27e7 mean in maths?"):
+        with pytest.raises(NotCacheable, match="placeholder-text"):
+            build_key(CacheRequest("t", "m", [{"role": "user", "content": text}]))
+
+
 def test_system_messages_are_keyed_where_they_stand_and_even_when_empty():
     """An empty system message replaces a chat template's default one, and one moved after a turn renders elsewhere:
     both are other prompts, so other keys (they shared one, and the first answer was served for both)."""
