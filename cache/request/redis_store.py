@@ -135,7 +135,8 @@ class RedisStore:
     # ---- the Store protocol -------------------------------------------------------------------------------
 
     def put(self, entry: Entry) -> list[tuple[str, str]]:
-        """Write one entry (evicting what the bounds require, in the same script); while Redis is down, queue it."""
+        """Write one entry (evicting what the bounds require, in the same script); while Redis is down, queue it (a
+        write that fails while the link is still up is dropped, counted)."""
         size = stored_size(entry)
         self.quota.check(size)
         if not self.breaker.up:
@@ -145,7 +146,11 @@ class RedisStore:
             return self._put(entry, size)
         except LINK_ERRORS as exc:
             self.breaker.failure(exc)
-            self._enqueue("put", entry)
+            if self.breaker.up:     # it may have landed, and the link works: a copy replayed after some later outage
+                with self.queue_lock:   # would undo the invalidations and newer answers that succeed meanwhile
+                    self.dropped += 1
+            else:
+                self._enqueue("put", entry)
             return []
 
     def _put(self, entry: Entry, size: int) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ import random
 import time
 
 import pytest
+import redis
 from helpers.redis_server import RedisServer
 from helpers.request_cache import FakeSemantic, answer, chat, run
 
@@ -204,6 +205,35 @@ def test_redis_down_serves_from_memory_queues_writes_and_catches_up(url, server)
     finally:
         a.close()
         b.close()
+
+
+def test_a_write_that_fails_while_the_link_is_up_is_never_replayed_over_a_later_invalidation(url, server):
+    """Audit 12: a put that met one link error (and may have landed) was queued while the breaker stayed closed,
+    then replayed at the next recovery, after an invalidation had deleted it: the invalidated answer came back."""
+    a = replica(url)
+    try:
+        put, failures = a.store._put, []
+
+        def flaky_put(entry, size):
+            if not failures:
+                failures.append(entry.entry_id)
+                put(entry, size)                            # it landed; the reply was lost
+                raise redis.ConnectionError("reply lost")
+            return put(entry, size)
+
+        a.store._put = flaky_put
+        run(answer(a, chat("What is a B-tree?"), "OLD ANSWER"))
+        assert a.stats()["redis"]["up"] and a.stats()["redis"]["queue"] == 0 and a.stats()["redis"]["dropped"] == 1
+        assert a.invalidate(tenant="default") == 1
+        server.kill()                                       # a later outage, and its recovery flushes the queue
+        eventually(lambda: not a.stats()["redis"]["up"])
+        server.start()
+        eventually(lambda: a.stats()["redis"]["up"], timeout=5)
+        lookup = run(a.lookup(chat("What is a B-tree?")))
+        assert lookup.layer == "miss" and len(a.store) == 0
+        lookup.release()
+    finally:
+        a.close()
 
 
 def test_a_replica_that_fell_behind_the_stream_rebuilds_its_index(url):
