@@ -36,11 +36,12 @@ class LRU:
             return self.cache.get(entry_id)
 
     def put(self, entry: Entry) -> None:
-        """Remember an entry; one larger than the whole byte budget stays out."""
+        """Remember an entry; one larger than the whole byte budget stays out (and an older version of it goes)."""
         with self.lock:
             try:
                 self.cache[entry.entry_id] = entry
             except ValueError:      # larger than the whole byte budget
+                self.cache.pop(entry.entry_id, None)
                 return
             while len(self.cache) > self.max_entries:
                 self.cache.popitem()

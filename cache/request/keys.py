@@ -115,7 +115,7 @@ def build_key(req: CacheRequest, casefold: bool = False) -> RequestKey:
     partition = "|".join((req.tenant, req.model, _hash(json.dumps(system, ensure_ascii=False)), _hash(context_json),
                           _hash(sampling_key(req.sampling))))
     templated = Templated(query) if req.verbatim else template_request(query)
-    fold = str.casefold if casefold else str
+    fold = str.casefold if casefold and not req.verbatim else str     # a completion prompt keeps its exact characters
     return RequestKey(
         tenant=req.tenant,
         model=req.model,

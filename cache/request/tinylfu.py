@@ -32,8 +32,9 @@ class TinyLFU:
         return entry
 
     def put(self, entry: Entry) -> None:
-        """Remember an entry; one larger than the whole byte budget stays out."""
+        """Remember an entry; one larger than the whole byte budget stays out (and an older version of it goes)."""
         if entry.size > self.max_bytes:
+            self.discard([entry.entry_id])
             return
         with self.lock:
             self.bytes += entry.size - self.sizes.pop(entry.entry_id, 0)

@@ -159,6 +159,10 @@ def test_a_verbatim_completion_prompt_folds_nothing_and_is_never_templated():
              "def\tadd(a, b):", "a\r\nb", "a\nb"]
     assert len({verbatim(t).exact for t in texts}) == len(texts)
     assert len({build_key(req(t)).exact for t in texts}) < len(texts)            # a chat question folds them
+    folded = build_key(CacheRequest("t", "m", [{"role": "user", "content": "The capital of FRANCE is"}],
+                                    {"temperature": 0}, verbatim=True), casefold=True)
+    assert folded.exact != build_key(CacheRequest("t", "m", [{"role": "user", "content": "the capital of france is"}],
+                                                  {"temperature": 0}, verbatim=True), casefold=True).exact
     personal = verbatim("Dear bob@example.com,")
     assert not personal.personal and personal.text == "Dear bob@example.com,"
     with pytest.raises(NotCacheable, match="empty-query"):

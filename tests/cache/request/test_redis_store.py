@@ -346,6 +346,9 @@ def test_tinylfu_layer_is_bounded_by_entries_and_bytes():
     assert by_bytes.bytes <= 20_000 and 0 < len(by_bytes) <= 20_000 // entry(0, 1000).size
     by_bytes.put(entry(99, 50_000))                 # larger than the whole budget: stays out
     assert by_bytes.get("id99") is None
+    by_bytes.put(entry(98, 100))
+    by_bytes.put(Entry("id98", "p", "t", "m", "q98", "y" * 50_000, now, now + 60))   # a refresh too large to keep
+    assert by_bytes.get("id98") is None             # the older answer goes with it (audit 12: it kept serving)
     expired = TinyLFU(10, 10**6, clock=lambda: now + 120)
     expired.put(entry(1, 10))
     assert expired.get("id1") is None

@@ -11,6 +11,7 @@ import pytest
 from helpers.request_cache import Clock, FakeSemantic, answer, chat, make, run
 
 from strata.cache.request.request_cache import RequestCacheConfig
+from strata.cache.request.store import Entry
 from strata.server.bench.data_files import datasets_dir, packaged
 
 BYPASS_QUERIES = packaged("bypass_queries.jsonl")
@@ -609,6 +610,10 @@ def test_memory_layer_is_bounded_but_the_store_keeps_everything():
     tiny = make(memory_max_bytes=1000)
     run(answer(tiny, chat("Write a long essay"), "x" * 5000))
     assert len(tiny.exact) == 0 and run(tiny.lookup(chat("Write a long essay"))).hit.text == "x" * 5000
+    short = Entry("e1", "p", "default", "m", "q", "short answer", time.time(), time.time() + 60)
+    tiny.exact.memory.put(short)
+    tiny.exact.memory.put(Entry("e1", "p", "default", "m", "q", "y" * 5000, time.time(), time.time() + 60))
+    assert tiny.exact.memory.get("e1") is None      # a refresh too large to keep takes the older answer out too
     tiny.close()
 
 
