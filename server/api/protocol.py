@@ -27,6 +27,7 @@ from strata.server.api.unsupported import (
 )
 from strata.server.engine.sampling_params import (
     MAX_LOGPROBS,
+    MAX_STOP_TOKEN_IDS,
     MAX_STOPS,
     PENALTY_RANGE,
     REPETITION_PENALTY_RANGE,
@@ -117,7 +118,7 @@ class _Common(Strict):
     repetition_penalty: StrictFloat = Field(default=1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1])
     min_tokens: StrictInt = Field(default=0, ge=0)
     ignore_eos: StrictBool = False
-    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list)
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_STOP_TOKEN_IDS)
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     # Strata extensions

@@ -10,6 +10,7 @@ PENALTY_RANGE = (-2.0, 2.0)              # presence and frequency penalties, as 
 # repetition penalty: dividing a logit by 1e-38 overflows to inf and the answer became one special token repeated
 REPETITION_PENALTY_RANGE = (0.01, 100.0)
 MAX_STOPS = 16
+MAX_STOP_TOKEN_IDS = 1024                # each one is checked against every token the sequence samples
 MAX_LOGPROBS = 20                        # top alternatives per token, as OpenAI bounds top_logprobs
 
 
@@ -62,8 +63,10 @@ class SamplingParams:
             raise InvalidParam(f"seed must be an integer in [-2**63, 2**64 - 1], got {self.seed!r}", "seed")
         if len(self.stop) > MAX_STOPS or any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidParam(f"stop takes at most {MAX_STOPS} non-empty strings", "stop")
-        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.stop_token_ids):
-            raise InvalidParam("stop_token_ids must be token ids (integers >= 0)", "stop_token_ids")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS or \
+                any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.stop_token_ids):
+            raise InvalidParam(f"stop_token_ids takes at most {MAX_STOP_TOKEN_IDS} token ids (integers >= 0)",
+                               "stop_token_ids")
         if not isinstance(self.min_tokens, int) or isinstance(self.min_tokens, bool) or \
                 not 0 <= self.min_tokens <= self.max_tokens:
             raise InvalidParam(f"min_tokens must be an integer in [0, max_tokens = {self.max_tokens}], got "

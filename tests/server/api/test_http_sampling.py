@@ -96,6 +96,7 @@ def test_penalties_change_the_answer(server, natural):
     ({"min_tokens": -1}, "min_tokens"),
     ({"stop_token_ids": [10**7]}, "stop_token_ids"),
     ({"stop_token_ids": ["a"]}, "stop_token_ids.0"),
+    ({"stop_token_ids": [5] * 1025}, "stop_token_ids"),           # each is checked against every sampled token
     ({"ignore_eos": "yes"}, "ignore_eos"),
     ({"repetition_penalty": 1e-38}, "repetition_penalty"),        # overflowed the logits: one special token repeated
     ({"frequency_penalty": "1"}, "frequency_penalty"),             # a number as text is refused, as OpenAI does

@@ -118,3 +118,11 @@ def test_stop_token_ids_must_be_in_the_vocabulary():
     SamplingParams(stop_token_ids=[VOCAB - 1]).check_vocab(VOCAB)
     with pytest.raises(InvalidParam):
         SamplingParams(stop_token_ids=[VOCAB]).check_vocab(VOCAB)
+
+
+def test_stop_token_ids_are_bounded_in_the_engine_too():
+    """The engine checks each sampled token against the list: an engine client other than the HTTP API must not
+    be able to hand it 140k of them either."""
+    SamplingParams(stop_token_ids=list(range(1024)))
+    with pytest.raises(InvalidParam, match="at most 1024"):
+        SamplingParams(stop_token_ids=list(range(1025)))
