@@ -144,25 +144,34 @@ def _checked(value: Any, hint, where: str) -> Any:
                              f"{' or none' if optional else ''}, got {value!r}")
 
 
-def build(cls: type, values: dict, where: str) -> Any:
-    """A config object from nested plain values; unknown keys and invalid values are clear errors."""
+def _default(field: dataclasses.Field) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
+
+
+def build(cls: type, values: dict, where: str, base: Any = None) -> Any:
+    """A config object from nested plain values, over `base` (an instance of cls) when given; unknown keys and
+    invalid values are clear errors. A nested config starts from its parent field's own default, not from its
+    class's: ServerConfig's cache keeps its SQLite file when one cache flag is given."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(values) - names
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(values) - set(fields)
     if unknown:
-        raise typer.BadParameter(f"unknown setting(s) {sorted(unknown)} in {where}; known: {sorted(names)}")
+        raise typer.BadParameter(f"unknown setting(s) {sorted(unknown)} in {where}; known: {sorted(fields)}")
     kwargs = {}
     for name, value in values.items():
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
             if not isinstance(value, dict):
                 raise typer.BadParameter(f"{where}.{name} must be a table")
-            value = build(hint, value, f"{where}.{name}")
+            parent_default = getattr(base, name) if base is not None else _default(fields[name])
+            value = build(hint, value, f"{where}.{name}", parent_default)
         else:
             value = _checked(value, hint, f"{where}.{name}")
         kwargs[name] = value
     try:
-        return cls(**kwargs)
+        return dataclasses.replace(base, **kwargs) if base is not None else cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise typer.BadParameter(f"{where}: {exc}") from None
 

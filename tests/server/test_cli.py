@@ -35,6 +35,18 @@ def test_serve_without_flags_uses_the_dataclass_defaults(served):
     assert server.cache.db == ".strata/request_cache.db" and server.max_queue == 256
 
 
+@pytest.mark.parametrize("args", [["--cache-embedder", "minilm"], ["--semantic-max-error", "0.05"],
+                                  ["--no-cache-second-stage"], ["--config", "CACHE_TABLE"]])
+def test_one_cache_setting_keeps_the_other_served_defaults(served, tmp_path, args):
+    """Audit 14: one cache flag (or a [server.cache] table) built the cache config from the library's defaults, so
+    the SQLite file silently became memory: every answer lost at each restart."""
+    table = tmp_path / "cache.toml"
+    table.write_text("[server.cache]\nsemantic_top_k = 3\n")
+    result, (_, server) = serve(served, *[str(table) if a == "CACHE_TABLE" else a for a in args])
+    assert result.exit_code == 0, result.output
+    assert server.cache.db == ServerConfig().cache.db == ".strata/request_cache.db"
+
+
 def test_every_config_field_is_a_flag_with_help(served):
     result = runner.invoke(cli.app, ["serve", "--help"], env={"COLUMNS": "250"})
     assert result.exit_code == 0
