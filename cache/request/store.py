@@ -169,10 +169,6 @@ def _move_aside(path: str) -> str:
     return aside
 
 
-def _escape_like(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-
-
 class SQLiteStore:
     """stdlib sqlite3 in WAL mode: a restart keeps the cache, a kill -9 mid-write leaves a readable file.
 
@@ -319,8 +315,9 @@ class SQLiteStore:
             where.append("entry_id IN (SELECT entry_id FROM entry_tags WHERE tag = ?)")
             args.append(tag)
         if partition is not None:
-            where.append("(partition = ? OR partition LIKE ? ESCAPE '\\')")
-            args += [partition, _escape_like(partition) + "|%"]
+            # substr, not LIKE: LIKE ignores ASCII case, and tenants "acme" and "ACME" are two
+            where.append("(partition = ? OR substr(partition, 1, ?) = ?)")
+            args += [partition, len(partition) + 1, partition + "|"]
         if model is not None:
             where.append("model = ?")
             args.append(model)

@@ -30,6 +30,12 @@ def test_round_trip_and_filters(tmp_path):
     assert store.ids(tag="pricing") == ["id2"]
     assert store.ids(partition="t|m@1") == ["id1"]            # prefix on '|' boundaries
     assert store.ids(partition="t|m@") == []                   # not a raw string prefix
+    store.put(entry(4, partition="T|m@1|s|c|p"))
+    store.put(entry(5, partition="t_x|m@1|s|c|p"))
+    assert sorted(store.ids(partition="t")) == ["id1", "id2"]
+    assert store.ids(partition="T") == ["id4"]                 # tenants "t" and "T" are two (LIKE ignored case)
+    assert store.ids(partition="t_x") == ["id5"] and store.ids(partition="t%") == []
+    store.delete(["id4", "id5"])
     assert sorted(store.ids(model="m@1")) == ["id1", "id3"]
     assert store.ids(tenant="u") == ["id3"]
     store.put(entry(1, tags=("other",)))                      # replace drops old tags
