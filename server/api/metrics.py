@@ -42,10 +42,16 @@ class Metrics:
         registry.register(_StateCollector(self))
 
     def observe(self, endpoint: str, answer: Answer, status: int = 200) -> None:
-        """One finished (or abandoned, status 499) answer."""
+        """One finished (or abandoned, status 499) answer; one that failed (4xx / 5xx) counts as an error, outside the
+        layer's latency and token figures."""
         now = time.perf_counter()
         layer = answer.layer
         latency = now - answer.started
+        if status >= 400 and status != 499:
+            self.observe_error(endpoint, status)
+            self.recent.append({"time": time.time(), "endpoint": endpoint, "cache": "error", "status": status,
+                                "similarity": None, "latency_ms": round(latency * 1000, 2), "tokens": 0})
+            return
         self.requests.labels(endpoint, layer, str(status)).inc()
         self.latency.labels(layer).observe(latency)
         if answer.ttft_s is not None:
