@@ -1,13 +1,14 @@
 """Running the app: `strata serve` (engine process, caches, uvicorn) and a server in a thread for tests and benches."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import uvicorn
@@ -88,15 +89,38 @@ def run_server(engine_config: EngineConfig, config: ServerConfig) -> None:
             log.warning("--speculative cache drafts from the semantic cache's close answers: with it off, nothing")
         engine.wait_ready()
         exit_if_signalled()
-        server = uvicorn.Server(uvicorn.Config(create_app(engine, cache, auth=auth, config=config), host=config.host,
+        server = GracefulServer(uvicorn.Config(create_app(engine, cache, auth=auth, config=config), host=config.host,
                                                port=config.port, log_level="info", access_log=config.access_log,
-                                               timeout_graceful_shutdown=config.shutdown_timeout_s))
+                                               timeout_graceful_shutdown=config.shutdown_timeout_s),
+                                engine.refuse_in_flight)
         if not failure:
             server.run()
     finally:
         engine.stop()
     if failure:
         raise EngineFailed(f"the engine failed for good: {failure[0]}")
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn, except that requests still running when the shutdown's grace is about to end get a clean error (503
+    `engine_unavailable`, in-band for a stream) instead of a cut connection or a plain-text 500."""
+
+    CUT_MARGIN_S = 1.0          # before uvicorn cancels what is left: time for the errors to reach the clients
+
+    def __init__(self, config: uvicorn.Config, refuse_in_flight: Callable[[str], None]):
+        super().__init__(config)
+        self.refuse_in_flight = refuse_in_flight
+
+    async def shutdown(self, sockets=None) -> None:
+        grace = self.config.timeout_graceful_shutdown
+        cut = None if grace is None else asyncio.get_running_loop().call_later(
+            max(0.0, grace - self.CUT_MARGIN_S), self.refuse_in_flight,
+            f"the server is shutting down (--shutdown-timeout-s {grace:g} ran out)")
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if cut is not None:
+                cut.cancel()
 
 
 _SIGNALLED: list[int] = []      # SIGTERMs received before uvicorn took the signal over

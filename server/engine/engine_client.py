@@ -307,6 +307,13 @@ class EngineClient:
         if self.supervisor.is_alive() and self.supervisor is not threading.current_thread():
             self.supervisor.join(timeout=60)
 
+    def refuse_in_flight(self, why: str) -> None:
+        """Fail every request in flight with EngineUnavailable(why), each aborted in the engine: a shutdown whose
+        grace is running out answers them with a clean 503 rather than have uvicorn cut their connections. Safe on
+        the event loop (it does not wait); stop() still ends the process."""
+        self.state, self.reason = "stopped", why
+        self._fail_streams(EngineUnavailable(why, None))
+
     def stats(self) -> dict[str, float]:
         """The engine's counters (KV blocks, prefix cache, preemptions, swap) as of its latest update."""
         return self.snapshot
