@@ -412,9 +412,13 @@ class EngineClient:
         engine = EngineProcess(self.config, self.num_threads, self._on_update)
         self.current = engine
         engine.start()
-        engine.ready.wait(self.restart.start_timeout_s)
+        came_up = engine.ready.wait(self.restart.start_timeout_s)
         if self.state == "stopped":
             engine.stop()
+            return
+        if not came_up:                     # still loading: killed, and counted as one more death (it was left
+            engine.kill_wedged(f"the restarted engine did not come up within {self.restart.start_timeout_s:g} s "
+                               "(--engine-start-timeout-s)")    # loading, the server "starting" for good)
             return
         if engine.info is None:             # died while starting: the loop counts it as one more death
             engine.error = engine.error or RuntimeError("the restarted engine process did not come up")

@@ -36,9 +36,11 @@ class ModelInfo:
     fingerprint: str              # weights, dtype and KV dtype (fingerprint.model_fingerprint)
 
     def serves_like(self, other: "ModelInfo") -> bool:
-        """Same model, vocabulary, context and fingerprint: requests validated for one are valid for the other."""
-        return (self.model_id, self.vocab_size, self.max_model_len, self.fingerprint) == \
-            (other.model_id, other.vocab_size, other.max_model_len, other.fingerprint)
+        """Same model, vocabulary and fingerprint: a restarted engine may take over. Not the context: a KV pool sized
+        from the memory free at the start may hold fewer or more tokens than the last one did (requests are then
+        checked against the new length)."""
+        return (self.model_id, self.vocab_size, self.fingerprint) == (other.model_id, other.vocab_size,
+                                                                      other.fingerprint)
 
     @property
     def model_key(self) -> str:

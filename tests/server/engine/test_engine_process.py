@@ -163,6 +163,41 @@ def test_the_engine_process_starts_with_ctrl_c_ignored_and_a_start_past_its_time
         RestartPolicy(start_timeout_s=0)
 
 
+def test_a_restart_that_does_not_come_up_in_time_is_killed_and_counted_as_a_death(tiny_chat_engine):
+    """Audit 13: a restart past --engine-start-timeout-s was left loading and the server said "starting" for good (no
+    death counted, never given up, so systemd never restarted it; one that loaded late was never used)."""
+    from strata.server.engine.engine_client import EngineClient, RestartPolicy
+
+    failed: list[str] = []
+    engine = EngineClient(tiny_chat_engine, RestartPolicy(max_restarts=1, backoff_s=0.05, max_backoff_s=0.05,
+                                                          start_timeout_s=60), on_failed=failed.append)
+    engine.start()
+    try:
+        engine.wait_ready()
+        engine.restart = dataclasses.replace(engine.restart, start_timeout_s=0.05)    # restarts now take longer
+        os.kill(engine.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not failed and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert failed and "did not come up within 0.05 s" in failed[0] and engine.state == "failed"
+        assert wait_gone(engine.current.process.pid, 10)
+    finally:
+        engine.stop()
+
+
+def test_a_restarted_engine_may_hold_another_context_length_but_not_another_model():
+    """Audit 13: a KV pool sized from the memory free at the restart held another number of tokens, and the restart
+    was refused as "another model" (deaths counted until the server gave up)."""
+    import torch
+
+    from strata.server.engine.input_processor import ModelInfo
+
+    first = ModelInfo("m", None, torch.float32, 49152, 8192, 8192, "abc")
+    assert first.serves_like(dataclasses.replace(first, max_model_len=6144, kv_capacity_tokens=6144))
+    assert not first.serves_like(dataclasses.replace(first, fingerprint="def"))
+    assert not first.serves_like(dataclasses.replace(first, vocab_size=32000))
+
+
 def test_an_address_that_cannot_be_listened_on_is_refused_before_anything_loads(tiny_chat_model_dir):
     """A taken port (or a host that does not resolve) failed only after the model, kernels and caches had loaded,
     with uvicorn's message naming neither flag."""
@@ -275,14 +310,18 @@ def test_sigterm_cuts_requests_still_running_after_the_shutdown_timeout(default_
     try:
         wait_healthy(server, url, 120)
         body = {"model": MODEL, "prompt": "Count:", "max_tokens": 2000, "ignore_eos": True, "temperature": 0}
-        worker = threading.Thread(target=lambda: httpx.post(url + "/v1/completions", json=body, timeout=120),
-                                  daemon=True)
+        replies: list = []
+        worker = threading.Thread(target=lambda: replies.append(httpx.post(url + "/v1/completions", json=body,
+                                                                           timeout=120)), daemon=True)
         worker.start()                  # ~2,000 decode steps: a minute of work on a CPU
         time.sleep(2.0)
         stopped = time.monotonic()
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
         assert time.monotonic() - stopped < 15, "the shutdown waited for the request to finish"
+        worker.join(10)                 # cut with a clean error, not a plain-text 500 (audit 14)
+        assert replies and replies[0].status_code == 503, replies
+        assert replies[0].json()["error"]["code"] == "engine_unavailable"
     finally:
         if server.poll() is None:
             server.kill()
