@@ -335,6 +335,9 @@ class EngineClient:
         engine.send("add", seq)
         finished = False
         try:
+            if engine.dead.is_set():        # it died before the add: the supervisor may have failed the streams it
+                raise EngineUnavailable("the engine process died; it is restarting",   # saw before this one
+                                        self.retry_after_s())
             while True:
                 out = await outputs.get()
                 if isinstance(out, BaseException):

@@ -185,6 +185,24 @@ def test_a_restart_that_does_not_come_up_in_time_is_killed_and_counted_as_a_deat
         engine.stop()
 
 
+def test_a_request_added_as_the_engine_dies_fails_instead_of_waiting_for_good(tiny_chat_engine):
+    """Audit 13: a request registered after the supervisor had failed the streams of a dead engine (but before the
+    state left "ok") had its add dropped and waited forever. Here the process is dead and the state still "ok"."""
+    from strata.server.engine.engine_client import EngineClient, EngineUnavailable
+
+    engine = EngineClient(tiny_chat_engine)
+    engine.state = "ok"                         # the supervisor has not noticed yet
+    engine.current.dead.set()
+
+    async def first_output():
+        async for out in engine.submit(Sequence("r1", [1, 2, 3], SamplingParams(max_tokens=2))):
+            return out
+
+    with pytest.raises(EngineUnavailable, match="died"):
+        asyncio.run(asyncio.wait_for(first_output(), 5))
+    assert engine.streams == {}
+
+
 def test_a_restarted_engine_may_hold_another_context_length_but_not_another_model():
     """Audit 13: a KV pool sized from the memory free at the restart held another number of tokens, and the restart
     was refused as "another model" (deaths counted until the server gave up)."""
