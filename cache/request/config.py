@@ -86,6 +86,8 @@ class RequestCacheConfig:
             raise ValueError("semantic_top_k, semantic_rerank, hnsw_min_size and embed_cache_size must be >= 1")
         if not 0.0 < self.semantic_max_error < 1.0:
             raise ValueError(f"semantic_max_error must be in (0, 1), got {self.semantic_max_error}")
+        if self.semantic_calibration and not self.semantic:    # the operator's file would silently go unread
+            raise ValueError("semantic_calibration is for the semantic layer, which embedder 'none' turns off")
 
 
 def check_seconds(config: object, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:

@@ -721,7 +721,8 @@ def test_an_invalidation_while_an_answer_is_computed_voids_its_write():
 
 
 @pytest.mark.parametrize("bad", [dict(memory_max_entries=0), dict(ttl_jitter=1.5), dict(temperature_rule="maybe"),
-                                 dict(write_queue_size=0), dict(miss_limit=0)])
+                                 dict(write_queue_size=0), dict(miss_limit=0),
+                                 dict(embedder="none", semantic_calibration="mine.npz")])    # would go unread
 def test_bad_config_is_a_value_error(bad):
     with pytest.raises(ValueError):
         RequestCacheConfig(**bad)
