@@ -81,6 +81,7 @@ class SemanticCache:
                              f"this one is {scorer.version!r}: run `strata calibrate` again")
         tiers, report = fit_tiers(data, model.name, second_stage, max_error)
         cache = cls(model, tiers, scorer, **kwargs)
+        language_of("warm up")      # loads the language identifier now, not in the first lookup (0.7 s)
         cache.calibration = {"max_error": max_error, "second_stage": second_stage, "languages": report}
         for lang, what in report.items():
             if getattr(tiers, lang).off:

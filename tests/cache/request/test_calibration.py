@@ -1,5 +1,6 @@
 """The error bound: Clopper-Pearson upper bounds, certified thresholds on synthetic scored pairs, the refusal when
 none holds, the per-domain rule, and the calibration file's round trip."""
+import dataclasses
 import math
 
 import numpy as np
@@ -106,6 +107,10 @@ def test_fit_tiers_per_language_and_off_where_nothing_certifies(tmp_path):
     assert np.allclose(again.score, data.score, atol=1e-6) and list(again.cosine) == ["e5-small"]
     reloaded = fit_tiers(again, "e5-small", True, 0.02)[0]
     assert reloaded.en.similar == pytest.approx(tiers.en.similar, abs=1e-5) and reloaded.zh.off
+    long_names = dataclasses.replace(data, domain=np.array([f"tenant_traffic_exported_2026_12_{'alpha' if i % 2 else 'beta'}"
+                                                             for i in range(len(data.label))]))
+    long_names.save(path)                   # audit 16: saved as 32 characters, the two sources became one domain
+    assert list(np.unique(ScoredPairs.load(path).domain)) == sorted(set(long_names.domain))
     with pytest.raises(KeyError, match="no cosines for embedder 'minilm'"):
         fit_tiers(data, "minilm", True, 0.02)
     with pytest.raises(ValueError):

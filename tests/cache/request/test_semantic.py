@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from strata.cache.request.calibration import COSINE_WEIGHT, Tiers, TierTable
+from strata.cache.request.calibration import COSINE_WEIGHT, Tiers, TierTable, language_of
 from strata.cache.request.embedders import HashEmbedder, load_embedder
 from strata.cache.request.index import VectorIndex
 from strata.cache.request.semantic import SemanticCache, SemanticMatch
@@ -127,6 +127,22 @@ def test_a_question_in_another_language_never_answers():
                                                      zh=Tiers(serve=4.0, similar=2.0, floor=0.3)), scorer, rerank=1)
     hit = staged.decide("What is the capital of France?", [french_capital, ("en", 0.6, "capital city of France?")])
     assert hit.entry_id == "en" and scorer.read == ["capital city of France?"]   # the translation costs no read
+
+
+def test_french_or_spanish_never_gets_an_english_answer_and_is_not_served_without_its_own_calibration():
+    """Audit 15: the language rule only told CJK from the rest, so "Quelle est la capitale de la France ?" and
+    "¿Cuál es la capital de Francia?" were served the cached English answer (semantic-similar, at 0.05)."""
+    tiers = TierTable(en=Tiers(serve=0.9, similar=0.5), zh=Tiers(serve=0.9, similar=0.5))
+    cache = SemanticCache(HashEmbedder(), tiers)
+    english = [("en", 0.97, "What is the capital of France?")]
+    for question in ("Quelle est la capitale de la France ?", "¿Cuál es la capital de Francia?",
+                     "Was ist die Hauptstadt von Frankreich?", "Qual è la capitale della Francia?"):
+        assert language_of(question) in ("fr", "es", "de", "it") and cache.decide(question, english) is None
+        assert not cache.serves(question)                    # no French pairs calibrate a threshold
+    assert cache.decide("What is the capital of France?", [("fr", 0.97, "Quelle est la capitale de la France ?")]) \
+        is None
+    for english_question in ("Define entropy", "ok", "Is quinoa gluten-free?", "How do I boil an egg?"):
+        assert language_of(english_question) == "en"      # short English stays English (weak guesses are not enough)
 
 
 def test_remove_replace_and_similar_ids():
