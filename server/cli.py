@@ -93,9 +93,10 @@ def calibrate(
     certifies at --max-error for each embedder."""
     from strata.cache.request.calibration import fit_tiers
     from strata.cache.request.cross_encoder import shared_cross_encoder
+    from strata.cache.request.embedders import EMBEDDERS
     from strata.server.bench.data_files import datasets_dir
-    from strata.server.tuning.calibrate import score_pairs, write
-    from strata.server.tuning.pairs import SPLIT_NAMES, load_pairs
+    from strata.server.tuning.calibrate import score_pairs, writable_out, write
+    from strata.server.tuning.pairs import SPLIT_NAMES, distinct_pairs, load_pairs
     from strata.server.tuning.pairs import shared_split as load_split
 
     try:
@@ -103,12 +104,17 @@ def calibrate(
             raise ValueError(f"--max-error must be in (0, 1), got {max_error}")
         if out.is_dir():
             raise ValueError(f"--out {out} is a directory: name the calibration file to write")
+        writable_out(out)                           # and every --embedder named: before hours of scoring, not after
+        unknown = [name for name in embedders if name != "auto" and name not in EMBEDDERS]
+        if unknown:
+            raise ValueError(f"unknown embedder(s) {unknown}; choose from {sorted(EMBEDDERS) + ['auto']}")
         if shared_split is not None:
             if shared_split not in SPLIT_NAMES or pairs:
                 raise ValueError("--shared-split takes train, calib or val, and no --pairs")
             rows, source = load_split(datasets_dir(datasets), shared_split), f"shared data sets, {shared_split} split"
         elif pairs:
-            rows, source = [p for path in pairs for p in load_pairs(path)], ", ".join(p.name for p in pairs)
+            rows = distinct_pairs([p for path in pairs for p in load_pairs(path)])
+            source = ", ".join(p.name for p in pairs)
         else:
             raise ValueError("give --pairs FILE (repeatable) or --shared-split SPLIT")
         cross_encoder, bundled = shared_cross_encoder() if second_stage else None, None
@@ -126,7 +132,7 @@ def calibrate(
         scored = score_pairs(rows, embedders, cross_encoder, source, bundled)
         write(scored, out)
         report = {name: fit_tiers(scored, name, second_stage, max_error)[1] for name in scored.cosine}
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, OSError, KeyError) as exc:
         _fail(str(exc))
     typer.echo(json.dumps({"written": str(out), "pairs": len(rows), "max_error": max_error, "tiers": report},
                           indent=2, ensure_ascii=False))

@@ -21,10 +21,13 @@ def _write_json(result, out: Path) -> None:
 
 
 def _emit(result, as_json: bool, out: Path | None) -> None:
-    """Print the JSON (one line with --json) and also write it to `out`."""
-    if out:
-        _write_json(result, out)
+    """Print the JSON (one line with --json) and also write it to `out` (printed first: a bad --out loses nothing)."""
     typer.echo(json.dumps(result, indent=None if as_json else 2, ensure_ascii=False))
+    if out:
+        try:
+            _write_json(result, out)
+        except OSError as exc:
+            _fail(f"--out {out}: {exc.strerror or exc}")
 
 
 def _fail(message: str):

@@ -3,6 +3,7 @@ that calibration.fit_tiers can certify thresholds on them: `strata calibrate`, a
 from __future__ import annotations
 
 import datetime
+import os
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,17 @@ def score_pairs(pairs: list[Pair], embedders: list[str], cross_encoder: CrossEnc
     return ScoredPairs(np.array([p.same for p in pairs]), np.array([p.lang for p in pairs]),
                        np.array([p.domain for p in pairs]), score,
                        {load_embedder(name).name: cosines(name, pairs) for name in embedders}, meta, adapter)
+
+
+def writable_out(out: Path) -> None:
+    """OSError now, naming --out, when the calibration file could not be written there (checked before scoring)."""
+    folder = out.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise OSError(f"--out {out}: cannot write there ({folder} is not a writable folder)")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise OSError(f"--out {out}: the file is not writable")
 
 
 def write(scored: ScoredPairs, out: Path) -> Path:

@@ -47,6 +47,12 @@ def domain_of(path: Path | str) -> str:
     return re.sub(r"^(zh|en)_|_(dev|train|test)$", "", Path(path).name.split(".")[0])
 
 
+def distinct_pairs(pairs: list[Pair]) -> list[Pair]:
+    """Each (cached, query, label) once: a repeated pair (a traffic log asks the same twice, or one file is given
+    twice) is not more evidence, and counted as such it certified bounds that the data did not support."""
+    return list({(p.cached, p.query, p.same): p for p in pairs}.values())
+
+
 def load_pairs(path: Path | str) -> list[Pair]:
     """Read JSONL {cached, query, same}, CSV/TSV with sentence1, sentence2, label (other columns ignored), or a JSON
     list of {origin, similar} (positives only); clear errors naming the file and line for anything else. Pairs with an
@@ -56,7 +62,8 @@ def load_pairs(path: Path | str) -> list[Pair]:
         raise FileNotFoundError(f"pairs file not found: {path}")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        raw = [_jsonl_pair(path, number, line) for number, line in enumerate(_text(path).splitlines(), 1)
+        # "\n" only: str.splitlines also breaks at U+2028 / U+0085, which JSON strings may hold unescaped
+        raw = [_jsonl_pair(path, number, line) for number, line in enumerate(_text(path).split("\n"), 1)
                if line.strip()]
     elif suffix in (".csv", ".tsv"):
         raw = _table_pairs(path, suffix)

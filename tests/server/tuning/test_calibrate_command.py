@@ -25,11 +25,39 @@ NEAR_MISSES = [("How do I reset my password?", "How do I reset my API key?"),
 
 @pytest.fixture()
 def pairs_file(tmp_path):
-    rows = [{"cached": a, "query": b, "same": True} for a, b in PARAPHRASES] + \
-           [{"cached": a, "query": b, "same": False} for a, b in NEAR_MISSES]
+    rows = [{"cached": f"{hi}{a}", "query": f"{hi}{b}", "same": same} for hi in ("", "Hi, ", "Hello, ", "Please, ")
+            for pairs, same in ((PARAPHRASES, True), (NEAR_MISSES, False)) for a, b in pairs]
     path = tmp_path / "support_pairs.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows * 4) + "\n")
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
+
+
+def test_a_repeated_pair_counts_once(tmp_path, pairs_file):
+    """Audit 16: one positive repeated 150 times (a traffic log asks alike, or a file is given twice) certified the
+    default bound; copies are not evidence."""
+    out = tmp_path / "cal.npz"
+    result = runner.invoke(cli.app, ["calibrate", "--pairs", str(pairs_file), "--pairs", str(pairs_file),
+                                     "--out", str(out), "--no-second-stage"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output[result.output.index("{"):])["pairs"] == 40 == len(ScoredPairs.load(out).label)
+
+
+def test_an_unwritable_out_or_an_unknown_embedder_is_refused_before_any_scoring(tmp_path, pairs_file):
+    """Audit 16: both surfaced only after the whole scoring pass (hours on a large file), one as a traceback."""
+    for args, says in ((["--out", str(pairs_file / "x.npz")], "cannot write there"),
+                       (["--out", str(tmp_path / "x.npz"), "--embedder", "e5small"], "unknown embedder")):
+        result = runner.invoke(cli.app, ["calibrate", "--pairs", str(pairs_file), *args])
+        assert result.exit_code != 0 and says in result.output and "cross-encoder" not in result.output, \
+            result.output
+
+
+def test_a_jsonl_text_may_hold_a_line_separator(tmp_path):
+    """U+2028 is valid unescaped inside a JSON string (json.dumps with ensure_ascii=False writes it so)."""
+    from strata.server.tuning.pairs import load_pairs
+
+    path = tmp_path / "seps.jsonl"
+    path.write_text(json.dumps({"cached": "a\u2028b", "query": "c\u0085d", "same": True}, ensure_ascii=False) + "\n")
+    assert [(p.cached, p.query) for p in load_pairs(path)] == [("a\u2028b", "c\u0085d")]
 
 
 def test_calibrate_writes_a_file_that_serving_loads(tmp_path, pairs_file):
