@@ -589,12 +589,14 @@ class RequestCache:
     # ---- a shared store's events (StoreListener; the stream follower's thread) ----------------------------
 
     def stored_elsewhere(self, entry_id: str) -> None:
-        """Another replica wrote an entry: drop what this one remembers of the id, index the new one."""
+        """Another replica wrote an entry: drop what this one remembers of the id, index the new one (under the write
+        lock: an invalidation here between the read and the add left the deleted id in the index)."""
         self.exact.forget([entry_id])
         if self.semantic is not None:
-            entry = self.store.get(entry_id)
-            if entry is not None and entry.semantic:
-                self._index(entry)
+            with self.write_lock:
+                entry = self.store.get(entry_id)
+                if entry is not None and entry.semantic:
+                    self._index(entry)
 
     def deleted_elsewhere(self, entry_ids: list[str]) -> None:
         """Another replica invalidated, evicted or purged entries."""

@@ -396,6 +396,31 @@ def test_a_lookup_reading_the_store_during_an_invalidation_does_not_bring_the_en
     cache.close()
 
 
+def test_an_entry_another_replica_wrote_is_not_indexed_after_an_invalidation_that_raced_its_read():
+    """Audit 15: stored_elsewhere read the entry, an invalidation here deleted it and cleaned the index, then the
+    read's add put the deleted id back in the index (a ghost that could take a lookup's one cross-encoder read)."""
+    cache = make(semantic=FakeSemantic())
+    run(answer(cache, chat("how do I bake sourdough bread at home"), "BREAD"))
+    entry_id = cache.store.ids()[0]
+    read = cache.store.get
+
+    def racing_read(eid):
+        entry = read(eid)
+        worker = threading.Thread(target=cache.invalidate, kwargs={"tenant": "default"})
+        worker.start()
+        worker.join(0.3)                    # with the fix it waits for the write lock held around this read
+        return entry
+
+    cache.store.get = racing_read
+    cache.stored_elsewhere(entry_id)
+    cache.store.get = read
+    deadline = time.monotonic() + 5
+    while len(cache.store) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(cache.store) == 0 and entry_id not in cache.semantic.ids()
+    cache.close()
+
+
 def test_a_lookup_between_an_invalidations_forget_and_its_delete_does_not_bring_the_entry_back():
     """The same race one step later: the lookup reads the store after the entry left memory but before the store
     deleted it (nothing was forgotten during its own read, so it promotes)."""
