@@ -167,7 +167,10 @@ class ScoredPairs:
 def certified(score: np.ndarray, label: np.ndarray, domain: np.ndarray, bound: float,
               confidence: float = CONFIDENCE) -> float:
     """The lowest threshold t such that the pairs scored at t or above keep the false-hit share within `bound`:
-    pooled upper CP bound <= bound, and each domain's own share <= bound. OFF when none does."""
+    pooled upper CP bound <= bound, and each domain's own share <= bound, at t and at every threshold above it
+    (fixed-sequence testing: the thresholds are tested from the top down and the first that fails ends the search,
+    so the 95% holds for the threshold chosen, not only for each one alone; those serving too few pairs to pass
+    even with no false hit are skipped, which needs no label). OFF when none does."""
     candidates = np.unique(score[np.isfinite(score)])[::-1]
     if not len(candidates):
         return OFF
@@ -181,7 +184,10 @@ def certified(score: np.ndarray, label: np.ndarray, domain: np.ndarray, bound: f
         n = np.r_[0, np.cumsum(mine)][served]
         k = np.r_[0, np.cumsum(mine & ~label[order])][served]
         ok &= np.where(n > 0, k / np.maximum(n, 1), 0.0) <= bound
-    return float(candidates[ok].min()) if ok.any() else OFF
+    testable = np.flatnonzero(cp_upper(0, served, confidence) <= bound)
+    failed = np.flatnonzero(~ok[testable])
+    passed = testable[:failed[0]] if len(failed) else testable
+    return float(candidates[passed[-1]]) if len(passed) else OFF
 
 
 def fit_tiers(data: ScoredPairs, embedder: str, second_stage: bool, max_error: float,

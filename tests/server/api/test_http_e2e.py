@@ -122,14 +122,19 @@ def test_paraphrase_is_a_semantic_hit(server):
     assert out.choices[0].message.content.startswith(NOTE_START) == (layer == "semantic-similar")
 
 
-# At 0.05 English is served from 5.859 (logit + cosine; docs/semantic-quality.md). These paraphrases score 5.90 -
-# 6.19; until 2026-12-06 (adapter without synthetic near-misses, threshold 6.118) the last three missed.
+# At 0.05 English is served from 6.142 (logit + cosine; docs/semantic-quality.md): since thresholds are tested from
+# the top down (the 95% then holds for the one chosen), 5.859 before. These paraphrases score 5.90 - 6.19: the last
+# three miss now, and are strict expected failures, so a change that makes them hit shows.
+MISSES_AT_005 = pytest.mark.xfail(strict=True, reason="scores below the 0.05 threshold of 6.142")
+
+
 @pytest.mark.parametrize("cached, paraphrase", [
     ("How many days are in a leap year?", "How many days in a leap year?"),
     ("What is the tallest mountain in the world?", "Which mountain is the tallest in the world?"),
-    ("How do I boil an egg?", "What's the way to boil an egg?"),
-    ("What is the speed of light?", "How fast does light travel?"),
-    ("What is the boiling point of water at sea level?", "At sea level, what temperature does water boil at?"),
+    pytest.param("How do I boil an egg?", "What's the way to boil an egg?", marks=MISSES_AT_005),
+    pytest.param("What is the speed of light?", "How fast does light travel?", marks=MISSES_AT_005),
+    pytest.param("What is the boiling point of water at sea level?",
+                 "At sea level, what temperature does water boil at?", marks=MISSES_AT_005),
 ])
 def test_english_paraphrases_hit(server, cached, paraphrase):
     assert ask(server, cached)[0] == "miss"
