@@ -190,7 +190,9 @@ def curve(same: np.ndarray, score: np.ndarray) -> dict:
     hits = np.cumsum(same[order] & keep)
     served = np.cumsum(keep)
     precision = hits / np.maximum(served, 1)
-    out = {f"hit_at_precision_{q}": round(float((hits[(precision >= q) & keep].max(initial=0)) / same.sum()), 4)
+    ranked = score[order]
+    cut = np.r_[ranked[1:] != ranked[:-1], True] & keep    # a threshold serves a tie whole: only its end is a point
+    out = {f"hit_at_precision_{q}": round(float((hits[(precision >= q) & cut].max(initial=0)) / same.sum()), 4)
            for q in CURVE_PRECISIONS}
     points = np.unique(np.linspace(0, int(keep.sum()) - 1, 40).astype(int)) if keep.any() else []
     out["points"] = [[round(float(hits[i] / same.sum()), 4), round(float(precision[i]), 4)] for i in points]

@@ -8,7 +8,7 @@ import pytest
 from strata.cache.request.calibration import COSINE_WEIGHT, Tiers
 from strata.cache.request.embedders import HashEmbedder
 from strata.cache.request.semantic import SemanticCache
-from strata.server.bench.cache_quality import Seen, pairwise
+from strata.server.bench.cache_quality import Seen, curve, pairwise
 from strata.server.tuning.pairs import Pair
 
 # (score the second stage gives, same intent): the cached text carries its index so the scorer can look it up
@@ -73,6 +73,14 @@ def test_curve_and_auc_match_brute_force_for_the_score_and_for_cosine():
     cosines = np.array([float(np.dot(a, b)) for a, b in zip(vectors[0::2], vectors[1::2], strict=True)])
     assert out["cosine_curve"]["en"]["auc"] == pytest.approx(mann_whitney(cosines, same), abs=1e-4)
     assert out["cosine_curve"]["en"]["hit_at_precision_0.97"] == pytest.approx(best_hit_at(0.97, cosines, same), abs=1e-4)
+
+
+def test_a_tie_is_served_whole_so_the_curve_does_not_depend_on_input_order():
+    """Audit 16: a point inside a tie (which no threshold can separate) counted, so the same pairs in another order
+    gave another hit rate at precision 0.95 (0.333 or 0)."""
+    same = np.array([True, False, True, True])
+    first, second = curve(same, np.array([1.0, 1.0, 0.5, 0.4])), curve(same[[1, 0, 2, 3]], np.array([1.0, 1.0, 0.5, 0.4]))
+    assert first["hit_at_precision_0.95"] == second["hit_at_precision_0.95"] == 0.0
 
 
 def mann_whitney(scores, same):
