@@ -85,8 +85,18 @@ async def run_bypass(path: Path, semantic: SemanticCache) -> dict:
     from strata.cache.request.config import RequestCacheConfig
     from strata.cache.request.request_cache import CacheRequest, RequestCache
 
-    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    if not rows or not all("query" in r for r in rows):
+    rows = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8-sig").split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: line {number}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("query"), str):
+            raise ValueError(f"{path}: line {number}: expected an object with a 'query' string")
+        rows.append(row)
+    if not rows:
         raise ValueError(f"{path}: expected JSONL lines with a 'query'")
     cache = RequestCache(RequestCacheConfig(), semantic=semantic)
     try:

@@ -236,6 +236,24 @@ def test_bypass_bench_serves_cacheable_and_bypasses_realtime(tmp_path):
     assert out["written"] == 1 and out["bypass_rate"] == 0.5
 
 
+@pytest.mark.parametrize("text, says", [
+    ('\ufeff{"query": "What is the capital of France?"}\n', None),                   # a BOM is fine
+    ('{"query": "a"}\n{"query": \n', "line 2: not JSON"),
+    ('"what is the query"\n', "line 1: expected an object with a 'query' string"),
+    ('["query"]\n', "line 1: expected an object"),
+])
+def test_a_bypass_file_with_a_bad_line_names_it(tmp_path, text, says):
+    """Audit 16: a BOM, a bad line or a JSON string holding the word "query" was a bare JSON error or a TypeError."""
+    path = tmp_path / "b.jsonl"
+    path.write_text(text, encoding="utf-8")
+    run = run_bypass(path, SemanticCache(HashEmbedder(), Tiers(serve=0.99, similar=0.95)))
+    if says is None:
+        assert asyncio.run(run)["by_why"]
+        return
+    with pytest.raises(ValueError, match=f"b.jsonl: {says}"):
+        asyncio.run(run)
+
+
 @pytest.mark.parametrize("name,query,paraphrase,negative", [
     ("e5-small", "如何绑定银行卡", "银行卡怎么绑定到账户上", "如何解绑银行卡"),
     ("use-multilingual", "how do I reset my password", "how can I change my password", "how do I reset my API key"),
