@@ -7,8 +7,10 @@ import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from strata.cache.request.config import RequestCacheConfig
 from strata.cache.request.exact import LRU, ExactCache
@@ -28,12 +30,12 @@ from strata.cache.request.tinylfu import TinyLFU
 from strata.cache.request.write_back import WriteBack
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from strata.cache.request.redis_store import RedisStore
     from strata.cache.request.semantic import SemanticCache, SemanticMatch
 
 log = logging.getLogger(__name__)
+VECTOR_CHECKS = 8       # stored vectors embedded again at start to tell whether this embedder made them
+SAME_VECTOR = 0.99      # cosine of a stored vector to its text's fresh one, at least (the same model: > 0.9999)
 
 __all__ = ["AnswerMeta", "CacheHit", "CacheRequest", "Lookup", "RequestCache", "RequestCacheConfig"]
 
@@ -572,13 +574,24 @@ class RequestCache:
             self.faults.call("load", self._index_stored)
 
     def _index_stored(self) -> set[str]:
-        """Index every stored semantic entry; returns their ids."""
-        seen = set()
-        for entry in self.store.entries():
-            if entry.semantic:
-                self._index(entry)
-                seen.add(entry.entry_id)
-        return seen
+        """Index every stored semantic entry; returns their ids. Stored vectors are used only when a few of them are
+        what this embedder makes of their texts: another embedder of the same width (minilm and e5-small are both
+        384 wide) put vectors of another space there, and every semantic hit on them was lost or wrong."""
+        entries = [entry for entry in self.store.entries() if entry.semantic]
+        ours = self._vectors_are_ours([e for e in entries if e.embedding is not None][:VECTOR_CHECKS])
+        if not ours:
+            log.warning("the stored embeddings were made by another embedder: embedding %d entries again",
+                        len(entries))
+        for entry in entries:
+            self._index(entry if ours else replace(entry, embedding=None))
+        return {entry.entry_id for entry in entries}
+
+    def _vectors_are_ours(self, sample: list[Entry]) -> bool:
+        for entry in sample:
+            fresh, stored = self.semantic.embed(entry.text), np.asarray(entry.embedding, np.float32)
+            if fresh.shape != stored.shape or float(fresh @ stored) < SAME_VECTOR * float(np.linalg.norm(stored)):
+                return False
+        return True
 
     def _index(self, entry: Entry) -> None:
         try:

@@ -7,6 +7,7 @@ import sqlite3
 import threading
 import time
 
+import numpy as np
 import pytest
 from helpers.request_cache import Clock, FakeSemantic, answer, chat, make, run
 
@@ -446,7 +447,7 @@ def test_restart_keeps_entries_and_rebuilds_the_semantic_index(tmp_path):
     clock.t += 60
     semantic = FakeSemantic()
     reopened = make(tmp_path, semantic=semantic, clock=clock)
-    assert len(semantic) == 1 and semantic.embeds == 0                 # rebuilt from stored embeddings
+    assert len(semantic) == 1 and semantic.embeds == 1      # rebuilt from stored embeddings (one checked again)
 
     async def go():
         exact = await reopened.lookup(chat("Explain the TCP three way handshake"))
@@ -457,6 +458,29 @@ def test_restart_keeps_entries_and_rebuilds_the_semantic_index(tmp_path):
     assert exact.layer == "exact" and exact.hit.age_s == 60
     assert near.layer in ("semantic", "semantic-similar") and near.hit.text == "SYN, SYN-ACK, ACK."
     assert reopened.store.get(exact.hit.entry_id).hits == 1               # hit count persisted before the restart
+    reopened.close()
+
+
+def test_stored_vectors_of_another_embedder_of_the_same_width_are_embedded_again(tmp_path, caplog):
+    """Audit 15: minilm and e5-small are both 384 wide, so a store written under one and reopened under the other
+    indexed vectors of another space without a word; semantic hits on them were lost (or wrong without a second
+    stage)."""
+    cache = make(tmp_path, semantic=FakeSemantic())
+    run(answer(cache, chat("Explain the TCP three way handshake"), "SYN, SYN-ACK, ACK."))
+    cache.close()
+
+    class OtherSpace(FakeSemantic):
+        def embed(self, text):
+            return np.roll(super().embed(text), 7)             # same width, another space
+
+    semantic = OtherSpace()
+    with caplog.at_level(logging.WARNING):
+        reopened = make(tmp_path, semantic=semantic)
+    assert "made by another embedder" in caplog.text
+    (text, _, vector), = semantic.rows.values()
+    assert np.allclose(vector, semantic.embed(text))
+    near = run(reopened.lookup(chat("explain the tcp three-way handshake")))
+    assert near.layer in ("semantic", "semantic-similar")
     reopened.close()
 
 
