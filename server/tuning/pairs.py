@@ -119,11 +119,18 @@ def _table_pairs(path: Path, suffix: str) -> list[tuple[str, object, object, boo
     # no quoting in TSV: its sentences hold stray quote characters that must not open a field
     reader = csv.DictReader(lines, delimiter="\t", quoting=csv.QUOTE_NONE) if suffix == ".tsv" else csv.DictReader(lines)
     try:
-        rows = [(reader.line_num, row) for row in reader]
+        columns = reader.fieldnames or []
+        rows, start = [], reader.line_num + 1
+        for row in reader:                  # a record's first line, where a quoted field may span several
+            rows.append((start, row))
+            start = reader.line_num + 1
     except csv.Error as exc:
         raise ValueError(f"{path}: line {reader.line_num + 1}: {exc}") from None  # the line it failed on
-    if not {"sentence1", "sentence2", "label"} <= set(reader.fieldnames or ()):
+    if not {"sentence1", "sentence2", "label"} <= set(columns):
         raise ValueError(f"{path}: expected columns sentence1, sentence2, label")
+    twice = sorted({c for c in columns if columns.count(c) > 1} & {"sentence1", "sentence2", "label"})
+    if twice:
+        raise ValueError(f"{path}: column(s) {twice} appear twice in the header")
     out = []
     for number, row in rows:
         label = (row["label"] or "").strip()

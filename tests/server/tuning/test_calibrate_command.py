@@ -145,3 +145,17 @@ def test_pairs_of_one_kind_say_what_is_missing(tmp_path):
     result = runner.invoke(cli.app, ["calibrate", "--pairs", str(path), "--out", str(tmp_path / "x.npz"),
                                      "--no-second-stage"])
     assert result.exit_code == 0 and "needs both same-intent and different-intent pairs" in result.output
+
+
+def test_a_csv_error_names_the_first_line_of_its_record_and_a_doubled_column_is_refused(tmp_path):
+    """Audit 16: a quoted field spanning lines was reported at the record's last line; a second `label` column was
+    used silently."""
+    from strata.server.tuning.pairs import load_pairs
+
+    path = tmp_path / "p.csv"
+    path.write_text('sentence1,sentence2,label\n"a","b",1\n"multi\nline","c",2\n')
+    with pytest.raises(ValueError, match="p.csv: line 3: label must be 0 or 1"):
+        load_pairs(path)
+    path.write_text("sentence1,sentence2,label,label\na,b,1,0\n")
+    with pytest.raises(ValueError, match=r"\['label'\] appear twice"):
+        load_pairs(path)
