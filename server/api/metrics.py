@@ -45,25 +45,22 @@ class Metrics:
         """One finished (or abandoned, status 499) answer; one that failed (4xx / 5xx) counts as an error, outside the
         layer's latency and token figures."""
         now = time.perf_counter()
-        layer = answer.layer
         latency = now - answer.started
-        if status >= 400 and status != 499:
-            self.observe_error(endpoint, status)
-            self.recent.append({"time": time.time(), "endpoint": endpoint, "cache": "error", "status": status,
-                                "similarity": None, "latency_ms": round(latency * 1000, 2), "tokens": 0})
-            return
+        failed = status >= 400 and status != 499
+        layer = "error" if failed else answer.layer
         self.requests.labels(endpoint, layer, str(status)).inc()
-        self.latency.labels(layer).observe(latency)
-        if answer.ttft_s is not None:
-            self.ttft.labels(layer).observe(answer.ttft_s)
-        cached = layer in TIERS
-        if not cached and answer.completion_tokens > 1 and answer.ttft_s is not None:
-            self.tpot.observe((latency - answer.ttft_s) / (answer.completion_tokens - 1))
-        self.output_tokens.labels(layer).inc(answer.completion_tokens)
-        self.window.append((now, "cache" if cached else "engine", answer.completion_tokens))
+        if not failed:
+            self.latency.labels(layer).observe(latency)
+            if answer.ttft_s is not None:
+                self.ttft.labels(layer).observe(answer.ttft_s)
+            cached = layer in TIERS
+            if not cached and answer.completion_tokens > 1 and answer.ttft_s is not None:
+                self.tpot.observe((latency - answer.ttft_s) / (answer.completion_tokens - 1))
+            self.output_tokens.labels(layer).inc(answer.completion_tokens)
+            self.window.append((now, "cache" if cached else "engine", answer.completion_tokens))
         self.recent.append({"time": time.time(), "endpoint": endpoint, "cache": layer, "status": status,
-                            "similarity": answer.similarity, "latency_ms": round(latency * 1000, 2),
-                            "tokens": answer.completion_tokens})
+                            "similarity": None if failed else answer.similarity,
+                            "latency_ms": round(latency * 1000, 2), "tokens": 0 if failed else answer.completion_tokens})
 
     def observe_error(self, endpoint: str, status: int) -> None:
         self.requests.labels(endpoint, "error", str(status)).inc()
