@@ -93,7 +93,7 @@ def calibrate(
     certifies at --max-error for each embedder."""
     from strata.cache.request.calibration import fit_tiers
     from strata.cache.request.cross_encoder import shared_cross_encoder
-    from strata.cache.request.embedders import EMBEDDERS
+    from strata.cache.request.embedders import embedder_key
     from strata.server.bench.data_files import datasets_dir
     from strata.server.tuning.calibrate import score_pairs, writable_out, write
     from strata.server.tuning.pairs import SPLIT_NAMES, distinct_pairs, load_pairs
@@ -105,9 +105,8 @@ def calibrate(
         if out.is_dir():
             raise ValueError(f"--out {out} is a directory: name the calibration file to write")
         writable_out(out)                           # and every --embedder named: before hours of scoring, not after
-        unknown = [name for name in embedders if name != "auto" and name not in EMBEDDERS]
-        if unknown:
-            raise ValueError(f"unknown embedder(s) {unknown}; choose from {sorted(EMBEDDERS) + ['auto']}")
+        for name in embedders:
+            embedder_key(name)
         if shared_split is not None:
             if shared_split not in SPLIT_NAMES or pairs:
                 raise ValueError("--shared-split takes train, calib or val, and no --pairs")

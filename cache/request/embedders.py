@@ -135,11 +135,17 @@ DEFAULT_EMBEDDER = "e5-small"  # best cosine on every shared set, both languages
 _loaded: dict[str, Embedder] = {}
 
 
-def load_embedder(name: str = "auto") -> Embedder:
-    """Return the shared instance of a named embedder ("auto" is the shipped default); models load once per process."""
+def embedder_key(name: str) -> str:
+    """The EMBEDDERS key a name stands for ("auto": the shipped default); ValueError for a name none has."""
     key = DEFAULT_EMBEDDER if name == "auto" else name
     if key not in EMBEDDERS:
         raise ValueError(f"unknown embedder {name!r}; choose one of {sorted(EMBEDDERS) + ['auto']}")
+    return key
+
+
+def load_embedder(name: str = "auto") -> Embedder:
+    """Return the shared instance of a named embedder ("auto" is the shipped default); models load once per process."""
+    key = embedder_key(name)
     if key not in _loaded:
         _loaded[key] = EMBEDDERS[key]()
     return _loaded[key]
