@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-_TOKEN = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]|[^\W_]+|[、,，;；/]")  # an ideograph, a word, a list separator
+_IDEOGRAPH = r"\u3400-\u9fff\uf900-\ufaff"
+_TOKEN = re.compile(rf"[{_IDEOGRAPH}]|[^\W_{_IDEOGRAPH}]+|[、,，;；/]")  # an ideograph, a word, a list separator
 _SEPARATORS = str.maketrans("、，；;/", ",,,,,")
 # Joins (and list separators) whose two sides can trade places without changing the question.
 _SYMMETRIC = frozenset({",", "and", "or", "vs", "versus", "between", "both", "either", "和", "与", "跟", "或", "及",

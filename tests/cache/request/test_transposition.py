@@ -14,6 +14,7 @@ SWAPPED = [
     ("从北京到上海怎么走", "从上海到北京怎么走"),                               # two-character parts
     ("把英文翻译成中文", "把中文翻译成英文"),
     ("男人对女人说的情话", "女人对男人说的情话"),
+    ("从python转到java难吗", "从java转到python难吗"),                         # Latin words inside Chinese text
 ]
 NOT_SWAPPED = [
     ("为什么花呗不能用", "花呗为什么不能用"),                                   # fronted: nothing between
@@ -46,6 +47,7 @@ def test_fronting_symmetric_joins_lists_and_other_words_are_not(a, b):
 def test_tokens_fold_case_plurals_and_list_separators():
     assert tokens("Kilograms, POUNDS、class") == ["kilogram", ",", "pound", ",", "class"]
     assert tokens("冰变成水！") == ["冰", "变", "成", "水"]
+    assert tokens("用python读取excel") == ["用", "python", "读", "取", "excel"]   # a word stops at an ideograph
 
 
 def test_long_texts_are_never_called_transposed():
