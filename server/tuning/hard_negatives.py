@@ -15,7 +15,8 @@ TRAIN positives only; each edit keeps the sentence grammatical:
 - ``contrast``: a word both sides share is replaced by its opposite or a sibling of its closed class ("left eye" ->
   "right eye", "translate to French" -> "to Spanish", "开通" -> "关闭", "上个月" -> "下个月"): one word that decides
   the answer, the rest unchanged. The classes are general vocabulary (directions, opposites, weekdays, months,
-  colours, languages, units), not words picked from any pairs.
+  colours, languages, units; cache/request/contrast.py, where serving rules such pairs out too), not words picked
+  from any pairs.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import random
 import re
 from dataclasses import replace
 
+from strata.cache.request.contrast import EN_CLASSES, ZH_CLASSES, siblings
 from strata.server.tuning.pairs import Pair
 
 KINDS = ("number", "swap", "negation", "contrast")
@@ -87,51 +89,8 @@ def _negated(pair: Pair, rng: random.Random) -> str | None:
     return pair.query[:m.start()] + "不" + pair.query[m.start():]
 
 
-# Closed classes whose members answer different questions. English words match whole words, case-folded.
-_EN_CLASSES = (
-    "left right", "up down", "north south", "east west", "increase decrease", "increasing decreasing",
-    "higher lower", "highest lowest", "largest smallest", "biggest smallest", "maximum minimum", "max min",
-    "first last", "before after", "buy sell", "buying selling", "import export", "install uninstall",
-    "enable disable", "upload download", "encrypt decrypt", "compress decompress", "encode decode", "push pull",
-    "add remove", "start stop", "open close", "men women", "male female", "boy girl", "boys girls", "hot cold",
-    "best worst", "fastest slowest", "morning evening", "day night", "ascending descending", "uppercase lowercase",
-    "horizontal vertical", "row column", "rows columns", "input output", "positive negative", "odd even",
-    "advantages disadvantages", "pros cons", "win lose", "summer winter spring autumn",
-    "monday tuesday wednesday thursday friday saturday sunday",
-    "january february march april june july august september october november december",
-    "red green blue yellow black white orange purple pink",
-    "english french spanish german italian portuguese russian chinese japanese korean arabic",
-    "python java javascript typescript ruby php rust kotlin swift",
-    "km kilometers kilometres miles meters metres feet inches", "kg kilograms pounds grams ounces",
-    "celsius fahrenheit kelvin",
-)
-# Chinese words (matched as substrings, so only words of two or more characters, or a single character that
-# cannot sit inside another word with it).
-_ZH_CLASSES = (
-    "增加 减少", "提高 降低", "上升 下降", "上涨 下跌", "开通 关闭", "开启 关闭", "打开 关闭", "存款 取款", "存入 取出",
-    "转入 转出", "买入 卖出", "购买 出售", "借款 还款", "收入 支出", "优点 缺点", "好处 坏处", "成功 失败", "开机 关机",
-    "登录 退出", "下载 上传", "安装 卸载", "结婚 离婚", "最大 最小", "最高 最低", "最多 最少", "最早 最晚", "最快 最慢",
-    "上午 下午", "早上 晚上", "春天 夏天 秋天 冬天", "男生 女生", "男人 女人", "男性 女性", "男孩 女孩",
-    "男朋友 女朋友", "老公 老婆", "爸爸 妈妈", "父亲 母亲", "儿子 女儿", "哥哥 姐姐 弟弟 妹妹", "左眼 右眼", "左手 右手",
-    "左脚 右脚", "左边 右边", "左侧 右侧", "左耳 右耳", "南方 北方", "冷水 热水", "上个月 下个月", "上周 下周",
-    "去年 今年 明年", "昨天 今天 明天", "前天 后天", "以前 以后", "之前 之后", "输入 输出", "正数 负数", "奇数 偶数",
-    "小学 初中 高中 大学", "一年级 二年级 三年级 四年级 五年级 六年级", "星期一 星期二 星期三 星期四 星期五 星期六 星期日",
-    "周一 周二 周三 周四 周五 周六 周日", "红色 蓝色 绿色 黄色 黑色 白色 紫色", "中文 英文 日文",
-    "汉语 英语 日语 韩语 法语 德语", "信用卡 储蓄卡", "苹果手机 安卓手机",
-)
-
-
-def _siblings(classes: tuple[str, ...]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for members in classes:
-        words = members.split()
-        for w in words:
-            out.setdefault(w, []).extend(x for x in words if x != w)
-    return out
-
-
-_EN_SIBLINGS = _siblings(_EN_CLASSES)
-_ZH_SIBLINGS = _siblings(_ZH_CLASSES)
+_EN_SIBLINGS = siblings(EN_CLASSES)
+_ZH_SIBLINGS = siblings(ZH_CLASSES)
 _EN_WORD = re.compile(r"[A-Za-z]+")
 # Chinese contrast words, longest first, so "上个月" is one word and not a "上" inside it
 _ZH_WORD = re.compile("|".join(sorted(map(re.escape, _ZH_SIBLINGS), key=len, reverse=True)))

@@ -35,7 +35,7 @@ def test_figures_are_normalised():
 
 def test_the_second_stage_rules_such_a_pair_out_and_says_so_in_its_version():
     ce = shared_cross_encoder()
-    assert ce.version.endswith("+transposition+figures")
+    assert "figures" in ce.version.split("+")
     pair = ("Count to 47. Question number 47.", "Count to 96. Question number 96.")   # served at a 5% bound once
     assert ce.score(*pair) == RULED_OUT
     assert ce.logit(*pair) > 0                                       # what the model alone says: "same"

@@ -1,0 +1,52 @@
+"""The contrast rule: the same words but one, a word and its opposite or a sibling of its class, is another question;
+any other rewording, a spelling of the same word, or a swap of two words is left to the model."""
+import pytest
+
+from strata.cache.request.contrast import contrasted, siblings
+from strata.cache.request.cross_encoder import RULED_OUT, shared_cross_encoder
+
+
+@pytest.mark.parametrize("a, b", [
+    ("How do I sort a list in ascending order in Python?", "How do I sort a list in descending order in Python?"),
+    ("如何降低血压", "如何升高血压"),
+    ("左眼皮跳是什么预兆", "右眼皮跳是什么预兆"),            # 左眼 / 右眼 reach into the shared 眼
+    ("星期一去银行办业务", "星期三去银行办业务"),            # 星期 is shared
+    ("上个月的账单怎么查", "下个月的账单怎么查"),
+    ("translate to Spanish: 'Good morning'", "translate to French: 'Good morning'"),
+    ("Enable two-factor login", "Disable two-factor login"),
+    ("怎么用python读取excel文件", "怎么用java读取excel文件"),  # English words inside Chinese text
+    ("Convert 5 kilometers to miles", "Convert 5 feet to miles"),
+])
+def test_a_single_word_contrast_is_another_question(a, b):
+    assert contrasted(a, b) and contrasted(b, a)
+
+
+@pytest.mark.parametrize("a, b", [
+    ("How far is 5 km?", "How far is 5 kilometers?"),          # one unit, two spellings
+    ("What do leaves do in autumn?", "What do leaves do in fall?"),
+    ("Should I eat before or after exercise?", "Should I eat after or before exercise?"),   # a swap, not a contrast
+    ("How do I sort a list in descending order?", "How do I sort a list from largest to smallest?"),
+    ("为什么花呗不能用", "花呗为什么不能用"),
+    ("What is the capital of France?", "What is the capital of France?"),
+    ("What is the capital of France?", "Tell me France's capital"),
+    ("left", "left"),
+    ("", "right"),
+])
+def test_rewordings_spellings_and_swaps_are_left_to_the_model(a, b):
+    assert not contrasted(a, b)
+
+
+def test_a_members_spellings_are_never_its_siblings():
+    table = siblings(("km|kilometers miles", "hot cold"))
+    assert table["km"] == ["miles"] and table["kilometers"] == ["miles"] and table["miles"] == ["km", "kilometers"]
+    assert table["hot"] == ["cold"]
+
+
+def test_the_second_stage_rules_such_a_pair_out_and_says_so_in_its_version():
+    """Audit (2026-12-08): at a 5% bound "sort ... in descending order" was served the answer to "... ascending
+    order" (decision score 6.19) and "如何升高血压" the one to "如何降低血压" (5.90)."""
+    ce = shared_cross_encoder()
+    assert "contrast" in ce.version.split("+")
+    pair = ("How do I sort a list in ascending order in Python?", "How do I sort a list in descending order in Python?")
+    assert ce.logit(*pair) > 0                       # what the model alone says: "same"
+    assert ce.score(*pair) == RULED_OUT
