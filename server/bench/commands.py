@@ -20,14 +20,22 @@ def _write_json(result, out: Path) -> None:
     out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
 
 
-def _emit(result, as_json: bool, out: Path | None) -> None:
-    """Print the JSON (one line with --json) and also write it to `out` (printed first: a bad --out loses nothing)."""
+def _emit(result, as_json: bool, out: Path | None, plot: Path | None = None, draw=None) -> None:
+    """Print the JSON (one line with --json), then write it to `out` and draw(plot): printed first, so a bad path
+    loses nothing, and a path that cannot be written is a one-line error."""
     typer.echo(json.dumps(result, indent=None if as_json else 2, ensure_ascii=False))
     if out:
-        try:
-            _write_json(result, out)
-        except OSError as exc:
-            _fail(f"--out {out}: {exc.strerror or exc}")
+        _save("--out", out, lambda: _write_json(result, out))
+    if plot:
+        _save("--plot", plot, lambda: draw(result, plot))
+
+
+def _save(flag: str, path: Path, write) -> None:
+    """write() a file named by a flag; a path that cannot be written is a one-line error, not a traceback."""
+    try:
+        write()
+    except OSError as exc:
+        _fail(f"{flag} {path}: {exc.strerror or exc}")
 
 
 def _fail(message: str):
@@ -106,11 +114,11 @@ def bench_kv(
                     output_tokens=output_tokens, ppl_tokens=ppl_tokens, workload_seed=workload_seed)
     with _input_errors_in_one_line():
         rows = run_kv_sweep(config, **workload)
-    if plot:
-        plot_sweep(rows, plot)
-    if out:  # the file also keeps the settings and capacity ratios needed to reproduce the rows
-        _write_json(sweep_report(rows, config, load_at_start, **workload), out)
     typer.echo(json.dumps(rows, indent=None if as_json else 2))
+    if out:  # the file also keeps the settings and capacity ratios needed to reproduce the rows
+        _save("--out", out, lambda: _write_json(sweep_report(rows, config, load_at_start, **workload), out))
+    if plot:
+        _save("--plot", plot, lambda: plot_sweep(rows, plot))
 
 
 @bench_app.command("prefix")
@@ -178,9 +186,7 @@ def bench_spec(
         _fail(f"unknown workload(s) {sorted(unknown)}; known: {', '.join(known_workloads(1))}")
     with _input_errors_in_one_line():
         result = run_spec_bench(_small_pool(engine, "1GiB"), sizes, max_tokens, num_prompts, repeats, names or None)
-    if plot:
-        plot_spec(result, plot)
-    _emit(result, as_json, out)
+    _emit(result, as_json, out, plot, plot_spec)
 
 
 @bench_app.command("weight-accuracy")

@@ -1,5 +1,6 @@
 """The command line: flags generated from the config dataclasses, --config files, and the defects they replaced."""
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -217,3 +218,22 @@ def test_engine_settings_this_machine_cannot_honour_are_one_line_errors(tiny_cha
                                      "--prompt", "hi", "--max-tokens", "2", *args], env={"COLUMNS": "250"})
     assert result.exit_code != 0 and says in result.output, result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("flag", ["--out", "--plot"])
+def test_bench_kv_prints_its_rows_first_and_a_path_it_cannot_write_is_one_line(tmp_path, monkeypatch, flag):
+    """A bad --out or --plot used to end a finished sweep in a traceback, and --out before its rows were printed."""
+    from strata.server.bench import kv
+
+    rows = [{"block_size": 16, "kv_dtype": d, "swap_gib": 0, "prefix_caching": True, "tok_s": 1.0,
+             "kv_tokens_capacity": c} for d, c in (("fp32", 100), ("int8", 390))]
+    monkeypatch.setattr(kv, "run_kv_sweep", lambda config, **workload: rows)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    result = runner.invoke(cli.app, ["bench", "kv", "--json", flag, str(blocked / "sweep")])
+    assert result.exit_code == 2 and f"error: {flag} {blocked / 'sweep'}: " in result.output
+    assert "Traceback" not in result.output
+    assert json.loads(result.output.splitlines()[0]) == rows
+    written = tmp_path / "sweep.json"
+    assert runner.invoke(cli.app, ["bench", "kv", "--json", "--out", str(written)]).exit_code == 0
+    assert json.loads(written.read_text())["capacity_ratios"] == {"block_16": {"int8_over_fp32": 3.9}}
