@@ -4,7 +4,7 @@ its closed class, ask different things: "sort in ascending order" / "in descendi
 other word shared and scored the first two like paraphrases (decision score 5.9-6.2, served at a 5% bound), so the
 second stage rules such pairs out before it reads them. Any other rewording is left to the model.
 
-The classes are general vocabulary (directions, opposites, weekdays, months, colours, languages, units); a member
+The classes are general vocabulary (directions, opposites, weekdays, months, colours, languages, units, number words); a member
 written "a|b" is one meaning spelled two ways ("km|kilometers"), never a contrast with itself. The training
 generator (server/tuning/hard_negatives.py, kind ``contrast``) draws its replacements from the same classes.
 """
@@ -51,7 +51,11 @@ _RULE_ONLY_CLASSES = (
     "soft hard", "under over", "above below", "with without", "more less", "fast slow", "faster slower",
     "cheap expensive", "new old", "newer older", "large|big small",
     "long short", "high low", "heavy light", "early late", "light dark", "full empty", "inside outside",
-    "true false",
+    "true false", "cause|reason effect|consequence|result", "symptom cause treatment|cure", "benefit risk|danger",
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million billion",
+    "first second third fourth fifth sixth seventh eighth ninth tenth",
+    "零 一 二|两 三 四 五 六 七 八 九 十 百 千 万 亿",
     "快 慢", "大 小", "多 少", "高 低", "长 短", "冷 热", "新 旧", "早 晚", "胖 瘦", "涨 跌", "增 减", "买 卖", "开 关",
     "进 出", "前 后", "左 右", "东 西", "南 北", "男 女", "上 下", "加 减", "正 反", "内 外", "远 近", "软 硬", "真 假",
     "好 坏",

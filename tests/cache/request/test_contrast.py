@@ -16,6 +16,9 @@ from strata.cache.request.cross_encoder import RULED_OUT, shared_cross_encoder
     ("Enable two-factor login", "Disable two-factor login"),
     ("怎么用python读取excel文件", "怎么用java读取excel文件"),  # English words inside Chinese text
     ("Convert 5 kilometers to miles", "Convert 5 feet to miles"),
+    ("Give me three tips for better sleep.", "Give me five tips for better sleep."),   # number words
+    ("纪念碑谷第四关怎么过", "纪念碑谷第十关怎么过"),
+    ("Explain the causes of World War I", "Explain the consequences of World War I"),
 ])
 def test_a_single_word_contrast_is_another_question(a, b):
     assert contrasted(a, b) and contrasted(b, a)
@@ -29,6 +32,8 @@ def test_a_single_word_contrast_is_another_question(a, b):
     ("为什么花呗不能用", "花呗为什么不能用"),
     ("What is the capital of France?", "What is the capital of France?"),
     ("What is the capital of France?", "Tell me France's capital"),
+    ("Give me three tips for better sleep.", "Give me 3 tips for better sleep."),    # the figures rule's call
+    ("二手车怎么买", "两手车怎么买"),                                                  # 二|两: one number
     ("left", "left"),
     ("", "right"),
 ])
