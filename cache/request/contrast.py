@@ -4,9 +4,9 @@ its closed class, ask different things: "sort in ascending order" / "in descendi
 other word shared and scored the first two like paraphrases (decision score 5.9-6.2, served at a 5% bound), so the
 second stage rules such pairs out before it reads them. Any other rewording is left to the model.
 
-The classes are general vocabulary (directions, opposites, weekdays, months, colours, languages, units, number words); a member
-written "a|b" is one meaning spelled two ways ("km|kilometers"), never a contrast with itself. The training
-generator (server/tuning/hard_negatives.py, kind ``contrast``) draws its replacements from the same classes.
+The classes are general vocabulary (directions, opposites, weekdays, months, colours, languages, units, numbers,
+measures); a member written "a|b" is one meaning spelled two ways ("km|kilometers"), never a contrast with itself.
+The training generator (server/tuning/hard_negatives.py, kind ``contrast``) draws its replacements from the same classes.
 """
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ _RULE_ONLY_CLASSES = (
     "true false", "cause|reason effect|consequence|result", "symptom cause treatment|cure", "benefit risk|danger",
     "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
     "eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million billion",
-    "first second third fourth fifth sixth seventh eighth ninth tenth",
+    "first second third fourth fifth sixth seventh eighth ninth tenth", "i ii iii iv v vi vii viii ix x",
+    "weight height length width depth age population area volume speed|velocity temperature price|cost distance",
     "零 一 二|两 三 四 五 六 七 八 九 十 百 千 万 亿",
     "快 慢", "大 小", "多 少", "高 低", "长 短", "冷 热", "新 旧", "早 晚", "胖 瘦", "涨 跌", "增 减", "买 卖", "开 关",
     "进 出", "前 后", "左 右", "东 西", "南 北", "男 女", "上 下", "加 减", "正 反", "内 外", "远 近", "软 硬", "真 假",
