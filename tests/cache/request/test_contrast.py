@@ -2,7 +2,7 @@
 any other rewording, a spelling of the same word, or a swap of two words is left to the model."""
 import pytest
 
-from strata.cache.request.contrast import contrasted, siblings
+from strata.cache.request.contrast import EN_CLASSES, contrasted, siblings
 from strata.cache.request.cross_encoder import RULED_OUT, shared_cross_encoder
 
 
@@ -45,6 +45,9 @@ def test_a_members_spellings_are_never_its_siblings():
     table = siblings(("km|kilometers miles", "hot cold"))
     assert table["km"] == ["miles"] and table["kilometers"] == ["miles"] and table["miles"] == ["km", "kilometers"]
     assert table["hot"] == ["cold"]
+    shipped = siblings(EN_CLASSES)          # the training generator's replacements too: "5 km" never "5 kilometers"
+    assert "kilometers" not in shipped["km"] and "metres" not in shipped["meters"] and "lb" not in shipped["pounds"]
+    assert "miles" in shipped["km"]
 
 
 def test_the_second_stage_rules_such_a_pair_out_and_says_so_in_its_version():
