@@ -1,4 +1,4 @@
-"""Builds a C++ kernel of this folder once per machine with the compiler torch uses (tens of seconds, then cached under
+"""Builds the C++ kernels of this folder once per machine with the compiler torch uses (a minute on 2 cores, cached under
 TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions). Needs g++ and ninja; without them the build raises."""
 
 import contextlib
@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 MARCH_VARIABLE = "STRATA_CPU_MARCH"
 
 
-SOURCES = ("paged_decode.cpp", "weight_linear.cpp", "pointwise.cpp", "decode_stack.cpp")     # paged_decode.cpp binds them all
+# bindings.cpp, the one source that includes torch/extension.h, first: it is the longest compile
+SOURCES = ("bindings.cpp", "paged_decode.cpp", "weight_linear.cpp", "pointwise.cpp", "decode_stack.cpp")
 
 
 def build_kernels():

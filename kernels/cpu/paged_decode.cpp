@@ -4,8 +4,10 @@
 // the copy again, so a decode step moves each byte of the cache three times; here each row is read once, converted
 // to fp32 in registers, and folded into an online softmax. Work is split over (sequence, KV head) pairs with
 // at::parallel_for, so torch.set_num_threads governs it like every other CPU op.
-#include <torch/extension.h>
+#include "kernels.h"
+
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
 
 #include <algorithm>
 #include <cmath>
@@ -121,15 +123,15 @@ void decode(const float* q, const T* k, const T* v, const c10::Half* k_scale, co
 // q: [B, Hq, D] fp32 contiguous, already scaled. k, v: [blocks, block_size, Hkv, D] views of the pool (any row
 // strides, last dim contiguous). k_scale, v_scale: [blocks, block_size, Hkv] fp16 for an INT8 cache, else empty.
 // block_tables: [B, W] int32; context_lens: [B] int32. Returns [B, Hq, D] fp32.
-torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor k_scale,
-                           torch::Tensor v_scale, torch::Tensor block_tables, torch::Tensor context_lens) {
-  TORCH_CHECK(q.dtype() == torch::kFloat32 && q.is_contiguous() && q.dim() == 3, "q must be contiguous fp32 [B, H, D]");
+at::Tensor paged_decode(at::Tensor q, at::Tensor k, at::Tensor v, at::Tensor k_scale, at::Tensor v_scale,
+                        at::Tensor block_tables, at::Tensor context_lens) {
+  TORCH_CHECK(q.dtype() == at::kFloat && q.is_contiguous() && q.dim() == 3, "q must be contiguous fp32 [B, H, D]");
   TORCH_CHECK(k.dim() == 4 && k.strides() == v.strides() && k.dtype() == v.dtype(), "k and v must be alike [N, bs, H, D]");
   TORCH_CHECK(k.stride(3) == 1, "the last dim of the cache must be contiguous");
-  TORCH_CHECK(block_tables.dtype() == torch::kInt32 && block_tables.is_contiguous(), "block_tables must be int32");
-  TORCH_CHECK(context_lens.dtype() == torch::kInt32 && context_lens.is_contiguous(), "context_lens must be int32");
-  const bool quantized = k.dtype() == torch::kInt8;
-  TORCH_CHECK(!quantized || (k_scale.dtype() == torch::kFloat16 && k_scale.strides() == v_scale.strides()),
+  TORCH_CHECK(block_tables.dtype() == at::kInt && block_tables.is_contiguous(), "block_tables must be int32");
+  TORCH_CHECK(context_lens.dtype() == at::kInt && context_lens.is_contiguous(), "context_lens must be int32");
+  const bool quantized = k.dtype() == at::kChar;
+  TORCH_CHECK(!quantized || (k_scale.dtype() == at::kHalf && k_scale.strides() == v_scale.strides()),
               "an int8 cache needs fp16 scales");
   const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t block_size = k.size(1), num_kv_heads = k.size(2);
@@ -146,7 +148,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
       TORCH_CHECK(tables[seq * block_tables.size(1) + b] >= 0 && tables[seq * block_tables.size(1) + b] < k.size(0),
                   "sequence ", seq, " names block ", tables[seq * block_tables.size(1) + b], " outside the pool");
   }
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const int64_t kv_strides[3] = {k.stride(0), k.stride(1), k.stride(2)};
   const int64_t scale_strides[3] = {quantized ? k_scale.stride(0) : 0, quantized ? k_scale.stride(1) : 0,
                                     quantized ? k_scale.stride(2) : 0};
@@ -159,9 +161,9 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, to
            num_kv_heads, head_dim, block_size, block_tables.size(1), kv_strides, scale_strides);
   };
   if (quantized) run(k.data_ptr<int8_t>(), v.data_ptr<int8_t>());
-  else if (k.dtype() == torch::kBFloat16) run(k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>());
-  else if (k.dtype() == torch::kFloat16) run(k.data_ptr<c10::Half>(), v.data_ptr<c10::Half>());
-  else if (k.dtype() == torch::kFloat32) run(k.data_ptr<float>(), v.data_ptr<float>());
+  else if (k.dtype() == at::kBFloat16) run(k.data_ptr<c10::BFloat16>(), v.data_ptr<c10::BFloat16>());
+  else if (k.dtype() == at::kHalf) run(k.data_ptr<c10::Half>(), v.data_ptr<c10::Half>());
+  else if (k.dtype() == at::kFloat) run(k.data_ptr<float>(), v.data_ptr<float>());
   else TORCH_CHECK(false, "unsupported KV cache dtype ", k.dtype());
   return out;
 }
@@ -183,15 +185,14 @@ void write_rows(const float* src, int64_t T_, int64_t H, int64_t D, T* dst, cons
   }
 }
 
-void write_kv_(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, torch::Tensor v_cache,
-               torch::Tensor slot_mapping) {
-  TORCH_CHECK(key.scalar_type() == torch::kFloat32 && value.scalar_type() == torch::kFloat32, "K/V must be fp32");
+void write_kv_(at::Tensor key, at::Tensor value, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slot_mapping) {
+  TORCH_CHECK(key.scalar_type() == at::kFloat && value.scalar_type() == at::kFloat, "K/V must be fp32");
   TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes(), "K and V must be [tokens, heads, head_dim] alike");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() && k_cache.stride(3) == 1 &&
               v_cache.stride(3) == 1 && k_cache.strides() == v_cache.strides(),
               "caches must be [blocks, block_size, heads, head_dim] views alike with contiguous head_dim");
   TORCH_CHECK(k_cache.size(2) == key.size(1) && k_cache.size(3) == key.size(2), "K/V heads do not match the cache");
-  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.numel() == key.size(0),
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == key.size(0),
               "slot_mapping must be int64 [tokens]");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "K and V caches must have one dtype");
   const auto k = key.contiguous(), v = value.contiguous();
@@ -205,37 +206,9 @@ void write_kv_(torch::Tensor key, torch::Tensor value, torch::Tensor k_cache, to
     write_rows(k.data_ptr<float>(), T_, H, D, kp, sp, block_size, strides);
     write_rows(v.data_ptr<float>(), T_, H, D, vp, sp, block_size, strides);
   };
-  if (k_cache.scalar_type() == torch::kFloat32) run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
-  else if (k_cache.scalar_type() == torch::kBFloat16)
+  if (k_cache.scalar_type() == at::kFloat) run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
+  else if (k_cache.scalar_type() == at::kBFloat16)
     run(k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>());
-  else if (k_cache.scalar_type() == torch::kFloat16) run(k_cache.data_ptr<c10::Half>(), v_cache.data_ptr<c10::Half>());
+  else if (k_cache.scalar_type() == at::kHalf) run(k_cache.data_ptr<c10::Half>(), v_cache.data_ptr<c10::Half>());
   else TORCH_CHECK(false, "write_kv_ takes float caches; INT8 quantizes in torch");
-}
-
-// The module binds every kernel of this folder (weight_linear.cpp's, pointwise.cpp's and decode_stack.cpp's too): one
-// build, its sources compiled in parallel, instead of one build per kernel (each spends most of its time in torch's
-// headers; one more source just for the bindings would add one more such compile).
-torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales, torch::Tensor mins,
-                     int64_t format, int64_t K);
-torch::Tensor dequantize(torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, int64_t format, int64_t K);
-bool native_bf16();
-bool quantized_dot();
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
-torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps);
-void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin);
-torch::Tensor silu_mul(torch::Tensor gate_up);
-void bind_decode_stack(pybind11::module_& m);
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "paged decode attention (CPU)");
-  m.def("write_kv_", &write_kv_, "new tokens' K/V into their slots of a float paged cache");
-  m.def("linear", &linear, "x [M, K] fp32 @ compact weight [N, K].T -> [M, N] fp32");
-  m.def("dequantize", &dequantize, "compact weight -> fp32 [N, K]");
-  m.def("native_bf16", &native_bf16, "whether bf16 weights run on AVX512_BF16 dot products");
-  m.def("quantized_dot", &quantized_dot, "whether Q8_0 / Q4 weights multiply Q8_0-quantized activations (int8 dots)");
-  m.def("rms_norm", &rms_norm, "RMSNorm of each row (fp32)");
-  m.def("add_rms_norm", &add_rms_norm, "residual += x in place, then RMSNorm of it (fp32)");
-  m.def("rope_", &rope_, "rotary embedding in place, rotate-half convention (fp32)");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up of a fused gate_up row (fp32)");
-  bind_decode_stack(m);
 }

@@ -3,8 +3,10 @@
 // Why: at batch 1 a decode step of a small model spends as long dispatching torch ops as it does reading weights
 // (RMSNorm is 8 ops, rotary embedding 14, each some microseconds of dispatch for a few hundred floats); fused, each
 // is one pass over the row in cache. fp32 only: the CPU path computes in fp32 whatever the weights are stored in.
-#include <torch/extension.h>
+#include "kernels.h"
+
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include <cmath>
 #include <cstdint>
@@ -13,8 +15,8 @@ namespace {
 
 constexpr int64_t kRowsPerTask = 16;  // small batches stay on the calling thread: waking others costs more
 
-void check_rows(const torch::Tensor& x, const char* name) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32, name, " must be a CPU fp32 tensor");
+void check_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat, name, " must be a CPU fp32 tensor");
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, name, " must be [rows, hidden] with contiguous rows");
 }
 
@@ -29,11 +31,11 @@ inline void norm_row(const float* x, const float* weight, float* out, int64_t n,
 }  // namespace
 
 // RMSNorm of each row of x [T, H].
-torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+at::Tensor rms_norm(at::Tensor x, at::Tensor weight, double eps) {
   check_rows(x, "x");
-  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.is_contiguous(), "weight must be contiguous fp32");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous(), "weight must be contiguous fp32");
   const int64_t rows = x.size(0), n = x.size(1);
-  auto out = torch::empty({rows, n}, x.options());
+  auto out = at::empty({rows, n}, x.options());
   const float* w = weight.data_ptr<float>();
   at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
@@ -43,13 +45,13 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
 }
 
 // residual += x, then RMSNorm of the new residual: the two halves of a pre-norm block's seam, in one pass.
-torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor weight, double eps) {
+at::Tensor add_rms_norm(at::Tensor x, at::Tensor residual, at::Tensor weight, double eps) {
   check_rows(x, "x");
   check_rows(residual, "residual");
   TORCH_CHECK(residual.sizes() == x.sizes(), "x and residual differ in shape");
   const int64_t rows = x.size(0), n = x.size(1);
-  auto out = torch::empty({rows, n}, x.options());
-  TORCH_CHECK(weight.scalar_type() == torch::kFloat32 && weight.is_contiguous(), "weight must be contiguous fp32");
+  auto out = at::empty({rows, n}, x.options());
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous(), "weight must be contiguous fp32");
   const float* w = weight.data_ptr<float>();
   at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -64,8 +66,8 @@ torch::Tensor add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tenso
 
 // Rotary embedding in place, rotate-half convention: x [T, H, D] (rows may be strided views of a fused qkv
 // output), cos / sin [T, D].
-void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.dim() == 3 && x.stride(2) == 1,
+void rope_(at::Tensor x, at::Tensor cos, at::Tensor sin) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 3 && x.stride(2) == 1,
               "x must be a CPU fp32 [tokens, heads, head_dim] tensor with contiguous heads");
   check_rows(cos, "cos");
   check_rows(sin, "sin");
@@ -88,10 +90,10 @@ void rope_(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
 }
 
 // SwiGLU: gate_up [T, 2I] (gate first) -> silu(gate) * up [T, I].
-torch::Tensor silu_mul(torch::Tensor gate_up) {
+at::Tensor silu_mul(at::Tensor gate_up) {
   check_rows(gate_up, "gate_up");
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
-  auto out = torch::empty({rows, n}, gate_up.options());
+  auto out = at::empty({rows, n}, gate_up.options());
   at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* g = gate_up.data_ptr<float>() + r * gate_up.stride(0);

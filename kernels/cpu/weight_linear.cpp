@@ -11,8 +11,10 @@
 // chain of fused multiply-adds over k (of block sums, for the quantized formats), one vector of the
 // widest width this build has (AVX-512: 16 lanes, AVX2: 8) at a time, then a horizontal sum: the same operations in
 // the same order whatever the batch size or tile, so a sequence's logits never depend on what it is batched with.
-#include <torch/extension.h>
+#include "kernels.h"
+
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include <immintrin.h>
 
@@ -814,27 +816,27 @@ void fold_rows(const float* rows, int64_t nr, const float* x, int64_t M, int64_t
   }
 }
 
-int64_t check(int64_t format, const torch::Tensor& weight, const torch::Tensor& scales, const torch::Tensor& mins,
+int64_t check(int64_t format, const at::Tensor& weight, const at::Tensor& scales, const at::Tensor& mins,
               int64_t K) {
   TORCH_CHECK(weight.is_contiguous() && weight.dim() == 2, "weight must be contiguous 2-d");
   const int64_t N = weight.size(0);
   if (format == kF16) {
-    TORCH_CHECK(weight.dtype() == torch::kFloat16 && weight.size(1) == K, "f16 weight must be fp16 [N, K]");
+    TORCH_CHECK(weight.dtype() == at::kHalf && weight.size(1) == K, "f16 weight must be fp16 [N, K]");
     return N;
   }
   if (format == kBF16) {
-    TORCH_CHECK(weight.dtype() == torch::kBFloat16 && weight.size(1) == K, "bf16 weight must be bf16 [N, K]");
+    TORCH_CHECK(weight.dtype() == at::kBFloat16 && weight.size(1) == K, "bf16 weight must be bf16 [N, K]");
     return N;
   }
   TORCH_CHECK(K % kGroup == 0, "K must be a multiple of ", kGroup);
-  TORCH_CHECK(scales.dtype() == torch::kFloat32 && scales.is_contiguous() && scales.numel() == N * (K / kGroup),
+  TORCH_CHECK(scales.dtype() == at::kFloat && scales.is_contiguous() && scales.numel() == N * (K / kGroup),
               "scales must be contiguous fp32 [N, K / 32]");
   if (format == kQ8) {
-    TORCH_CHECK(weight.dtype() == torch::kInt8 && weight.size(1) == K, "q8 weight must be int8 [N, K]");
+    TORCH_CHECK(weight.dtype() == at::kChar && weight.size(1) == K, "q8 weight must be int8 [N, K]");
   } else {
     TORCH_CHECK(format == kQ4, "unknown weight format ", format);
-    TORCH_CHECK(weight.dtype() == torch::kUInt8 && weight.size(1) == K / 2, "q4 weight must be uint8 [N, K / 2]");
-    TORCH_CHECK(mins.dtype() == torch::kFloat32 && mins.is_contiguous() && mins.numel() == scales.numel(),
+    TORCH_CHECK(weight.dtype() == at::kByte && weight.size(1) == K / 2, "q4 weight must be uint8 [N, K / 2]");
+    TORCH_CHECK(mins.dtype() == at::kFloat && mins.is_contiguous() && mins.numel() == scales.numel(),
                 "mins must be contiguous fp32 like scales");
   }
   return N;
@@ -843,12 +845,12 @@ int64_t check(int64_t format, const torch::Tensor& weight, const torch::Tensor& 
 }  // namespace
 
 // x [M, K] fp32 times the weight [N, K] transposed -> [M, N] fp32.
-torch::Tensor linear(torch::Tensor x, torch::Tensor weight, torch::Tensor scales, torch::Tensor mins,
+at::Tensor linear(at::Tensor x, at::Tensor weight, at::Tensor scales, at::Tensor mins,
                      int64_t format, int64_t K) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.is_contiguous() && x.dim() == 2 && x.size(1) == K,
+  TORCH_CHECK(x.dtype() == at::kFloat && x.is_contiguous() && x.dim() == 2 && x.size(1) == K,
               "x must be contiguous fp32 [M, K]");
   const int64_t N = check(format, weight, scales, mins, K), M = x.size(0);
-  auto out = torch::empty({M, N}, x.options());
+  auto out = at::empty({M, N}, x.options());
   const void* w = weight.data_ptr();
   const float* s = format == kF16 || format == kBF16 ? nullptr : scales.data_ptr<float>();
   const float* mn = format == kQ4 ? mins.data_ptr<float>() : nullptr;
@@ -907,9 +909,9 @@ bool native_bf16() { return kNativeBF16; }
 bool quantized_dot() { return kQuantizedDot; }
 
 // The whole weight as fp32 [N, K]: for large batches (prefill), which a BLAS matmul runs better than fold_rows.
-torch::Tensor dequantize(torch::Tensor weight, torch::Tensor scales, torch::Tensor mins, int64_t format, int64_t K) {
+at::Tensor dequantize(at::Tensor weight, at::Tensor scales, at::Tensor mins, int64_t format, int64_t K) {
   const int64_t N = check(format, weight, scales, mins, K);
-  auto out = torch::empty({N, K}, torch::TensorOptions().dtype(torch::kFloat32));
+  auto out = at::empty({N, K}, at::TensorOptions().dtype(at::kFloat));
   const void* w = weight.data_ptr();
   const float* s = format == kF16 || format == kBF16 ? nullptr : scales.data_ptr<float>();
   const float* mn = format == kQ4 ? mins.data_ptr<float>() : nullptr;
