@@ -163,7 +163,7 @@ def test_max_queue_holds_for_requests_that_arrive_together(server):
         async with httpx.AsyncClient(base_url=server.url, timeout=120, headers={  # each one computed, none shared
                 "Authorization": "Bearer key-acme", "Cache-Control": "no-store"}) as http:
             bodies = [{"model": MODEL, "messages": [{"role": "user", "content": f"Tell me a story about owl {i}."}],
-                       "max_tokens": 200, "temperature": 0} for i in range(12)]
+                       "max_tokens": 48, "temperature": 0, "ignore_eos": True} for i in range(12)]
             return [r.status_code for r in await asyncio.gather(*(http.post(CHAT, json=b) for b in bodies))]
 
     try:

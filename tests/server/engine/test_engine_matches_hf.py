@@ -12,7 +12,7 @@ from strata.server.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.slow
 
-NEW_TOKENS = 48
+NEW_TOKENS = 32
 PROMPTS = [
     ("What is the capital of France?", True),
     ("Explain photosynthesis in one sentence.", True),
