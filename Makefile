@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install serve test lint chromium compiler redis
+.PHONY: install serve test lint system-packages
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,22 +22,21 @@ install: $(STAMP)
 serve: install
 	$(VENV)/bin/strata serve --host 127.0.0.1 --port $(PORT)
 
-# The status-page test drives Debian's headless chromium; install it when missing (CI runs as root).
-chromium:
-	@command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
-
-# The C++ CPU attention kernel is built on first use with g++ and ninja (torch's cpp_extension, kernels/cpu_paged.py);
-# its tests need both. `serve` runs without them (the torch reference, with a warning).
-compiler:
-	@command -v g++ >/dev/null && command -v ninja >/dev/null || \
-		(apt-get update -qq && apt-get install -y -qq g++ ninja-build >/dev/null)
-
-# The shared-store tests (--cache-redis) start a real redis-server (Debian's package) on a free port.
-redis:
-	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null)
+# Debian packages the tests use, in one apt-get run for whichever are missing (CI runs as root): headless chromium
+# (the status-page test), g++ and ninja (the C++ CPU kernels are built on first use; `serve` runs without them, on the
+# torch reference with a warning), redis-server (the shared-store tests start one on a free port). Each entry is
+# command:package.
+SYSTEM_PACKAGES := chromium:chromium g++:g++ ninja:ninja-build redis-server:redis-server
+system-packages:
+	@missing=""; for entry in $(SYSTEM_PACKAGES); do \
+		command -v $${entry%%:*} >/dev/null || missing="$$missing $${entry#*:}"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; fi
 
 lint: install
 	$(VENV)/bin/ruff check .
 
-test: install chromium compiler redis lint
+# pip and apt at once: one waits on PyPI and the venv, the other on Debian's mirror and dpkg
+test:
+	$(MAKE) -j2 install system-packages
+	$(MAKE) lint
 	$(PY) -m pytest -q -p no:cacheprovider

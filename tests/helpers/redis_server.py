@@ -27,7 +27,7 @@ class RedisServer:
         self.args = args
         self.binary = shutil.which("redis-server")
         if self.binary is None:
-            pytest.skip("redis-server is not installed (`make redis` installs it)")
+            pytest.skip("redis-server is not installed (`make system-packages` installs it)")
         self.port = free_port()
         self.process: subprocess.Popen | None = None
 
