@@ -6,7 +6,8 @@ second stage rules such pairs out before it reads them. Any other rewording is l
 
 The classes are general vocabulary (directions, opposites, weekdays, months, colours, languages, units, numbers,
 measures); a member written "a|b" is one meaning spelled two ways ("km|kilometers"), never a contrast with itself.
-The training generator (server/tuning/hard_negatives.py, kind ``contrast``) draws its replacements from the same classes.
+The training generator (server/tuning/hard_negatives.py, kind ``contrast``) draws its replacements from EN_CLASSES
+and ZH_CLASSES; the rule reads those and _RULE_ONLY_CLASSES.
 """
 from __future__ import annotations
 
