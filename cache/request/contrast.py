@@ -53,11 +53,23 @@ _RULE_ONLY_CLASSES = (
     "cheap expensive", "new old", "newer older", "large|big small",
     "long short", "high low", "heavy light", "early late", "light dark", "full empty", "inside outside",
     "true false", "cause|reason effect|consequence|result", "symptom cause treatment|cure", "benefit risk|danger",
+    "why how where when who", "all|every any|some most none|no",
+    "bigger|larger smaller longer shorter wider narrower taller deeper shallower heavier lighter older younger "
+    "stronger weaker better worse hotter colder",
+    "biggest|largest smallest longest shortest widest tallest deepest heaviest lightest oldest youngest strongest "
+    "weakest",
+    "read write", "serialize deserialize", "create delete", "bind unbind", "lock unlock", "mount unmount",
+    "zip unzip", "follow unfollow", "subscribe unsubscribe", "block unblock", "connect disconnect",
+    "activate deactivate", "freeze unfreeze",
+    "son daughter", "wife husband", "brother sister", "mom|mother dad|father", "grandmother grandfather",
+    "aunt uncle", "niece nephew", "boyfriend girlfriend", "dog cat rabbit hamster horse",
+    "windows mac|macos linux", "ios android", "iphone android",
+    "绑定 解绑", "还款日 账单日", "转账 取现|提现", "设置 修改",
     "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
     "eighteen nineteen twenty thirty forty fifty sixty seventy eighty ninety hundred thousand million billion",
     "first second third fourth fifth sixth seventh eighth ninth tenth", "i ii iii iv v vi vii viii ix x",
-    "weight height length width depth age population area volume speed|velocity temperature price|cost distance",
-    "零 一 二|两 三 四 五 六 七 八 九 十 百 千 万 亿",
+    "weight height length|distance width depth age population area volume speed|velocity temperature price|cost",
+    "零 一 二|两 三 四 五 六 七 八 九 十",    # not 百 千 万: 千万 / 万万, 十分 / 万分 are adverbs
     "快 慢", "大 小", "多 少", "高 低", "长 短", "冷 热", "新 旧", "早 晚", "胖 瘦", "涨 跌", "增 减", "买 卖", "开 关",
     "进 出", "前 后", "左 右", "东 西", "南 北", "男 女", "上 下", "加 减", "正 反", "内 外", "远 近", "软 硬", "真 假",
     "好 坏",

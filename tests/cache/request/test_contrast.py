@@ -19,6 +19,16 @@ from strata.cache.request.cross_encoder import RULED_OUT, shared_cross_encoder
     ("Give me three tips for better sleep.", "Give me five tips for better sleep."),   # number words
     ("纪念碑谷第四关怎么过", "纪念碑谷第十关怎么过"),
     ("Explain the causes of World War I", "Explain the consequences of World War I"),
+    # audit (2026-12-08): served at 0.05, the Chinese ones at the default bound too
+    ("为什么银行卡绑定不了支付宝", "为什么银行卡解绑不了支付宝"),
+    ("信用卡的账单日是几号", "信用卡的还款日是几号"),
+    ("怎么设置支付密码", "怎么修改支付密码"),
+    ("Why do volcanoes erupt?", "How do volcanoes erupt?"),
+    ("How to read a CSV file in pandas?", "How to write a CSV file in pandas?"),
+    ("Which is bigger, Jupiter or Saturn?", "Which is smaller, Jupiter or Saturn?"),
+    ("Are all mushrooms poisonous?", "Are any mushrooms poisonous?"),
+    ("My dog keeps scratching his ears. Should I take him to the vet?",
+     "My cat keeps scratching his ears. Should I take him to the vet?"),
 ])
 def test_a_single_word_contrast_is_another_question(a, b):
     assert contrasted(a, b) and contrasted(b, a)
@@ -34,6 +44,9 @@ def test_a_single_word_contrast_is_another_question(a, b):
     ("What is the capital of France?", "Tell me France's capital"),
     ("Give me three tips for better sleep.", "Give me 3 tips for better sleep."),    # the figures rule's call
     ("二手车怎么买", "两手车怎么买"),                                                  # 二|两: one number
+    ("What is the length of a marathon?", "What is the distance of a marathon?"),    # one meaning here
+    ("借呗逾期千万不要做什么", "借呗逾期万万不要做什么"),                              # 千万 / 万万: adverbs
+    ("十分感谢你的帮助", "万分感谢你的帮助"),
     ("left", "left"),
     ("", "right"),
 ])

@@ -1,5 +1,5 @@
-"""Near misses written for this project (2026-12-08): questions one word or one detail apart that ask something
-else. The contrast and reading-window rules were written after some of them were served at a 5% bound, so this is a
+"""Near misses written for this project (2026-12-08, two probes): questions one word or one detail apart that ask
+something else. The contrast and reading-window rules were written after some of them were served at a 5% bound, so this is a
 regression check, not a measurement (docs/semantic-quality.md has the figures on held-out public pairs)."""
 import numpy as np
 import pytest
@@ -128,6 +128,19 @@ NEAR_MISSES = [
     ('How do I freeze a row in Excel?', 'How do I freeze a column in Excel?'),
     ("Translate 'I love you' into German", "Translate 'I miss you' into German"),
     ("What's a healthy breakfast for kids?", "What's a healthy lunch for kids?"),
+    # a second probe (2026-12-08, by another engineer): served at the default bound before the classes grew
+    ('为什么银行卡绑定不了支付宝', '为什么银行卡解绑不了支付宝'),
+    ('为什么微信绑定不了银行卡', '为什么微信解绑不了银行卡'),
+    ('信用卡还款日是哪天', '信用卡账单日是哪天'),
+    ('信用卡的账单日是几号', '信用卡的还款日是几号'),
+    ('怎么修改微信支付密码', '怎么设置微信支付密码'),
+    ('银行卡每天的转账限额是多少', '银行卡每天的取现限额是多少'),
+    ('Why do antibiotics kill bacteria?', 'How do antibiotics kill bacteria?'),
+    ('How to read a Parquet file in Spark?', 'How to write a Parquet file in Spark?'),
+    ('Is every even number divisible by 4?', 'Is any even number divisible by 4?'),
+    ('Which is longer, the Nile or the Amazon?', 'Which is wider, the Nile or the Amazon?'),
+    ('My wife snores loudly every night and sometimes stops breathing. Is this sleep apnea?',
+     'My husband snores loudly every night and sometimes stops breathing. Is this sleep apnea?'),
 ]
 SAME_QUESTION = [          # a swap across a symmetric join is the same question: the rules leave it to the model
     ('Should I use tabs or spaces?', 'Should I use spaces or tabs?'),
