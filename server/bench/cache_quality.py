@@ -10,7 +10,6 @@ Two protocols (the shared datasets' README.md):
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import platform
@@ -25,7 +24,7 @@ from strata.cache.request.calibration import LANGUAGES, TierTable, decision_scor
 from strata.cache.request.config import RequestCacheConfig
 from strata.cache.request.semantic import SemanticCache, SemanticMatch
 from strata.server.bench.data_files import datasets_dir
-from strata.server.tuning.pairs import Pair, load_pairs, shared_split
+from strata.server.tuning.pairs import Pair, jsonl_rows, load_pairs, shared_split
 
 PARTITION = "bench"
 CURVE_PRECISIONS = (0.95, 0.97, 0.99)
@@ -85,17 +84,11 @@ async def run_bypass(path: Path, semantic: SemanticCache) -> dict:
     from strata.cache.request.config import RequestCacheConfig
     from strata.cache.request.request_cache import CacheRequest, RequestCache
 
-    rows = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8-sig").split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: line {number}: not JSON ({exc.msg})") from None
+    numbered = jsonl_rows(path)
+    for number, row in numbered:
         if not isinstance(row, dict) or not isinstance(row.get("query"), str):
             raise ValueError(f"{path}: line {number}: expected an object with a 'query' string")
-        rows.append(row)
+    rows = [row for _, row in numbered]
     if not rows:
         raise ValueError(f"{path}: expected JSONL lines with a 'query'")
     cache = RequestCache(RequestCacheConfig(), semantic=semantic)

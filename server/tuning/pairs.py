@@ -62,9 +62,7 @@ def load_pairs(path: Path | str) -> list[Pair]:
         raise FileNotFoundError(f"pairs file not found: {path}")
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        # "\n" only: str.splitlines also breaks at U+2028 / U+0085, which JSON strings may hold unescaped
-        raw = [_jsonl_pair(path, number, line) for number, line in enumerate(_text(path).split("\n"), 1)
-               if line.strip()]
+        raw = [_jsonl_pair(path, number, row) for number, row in jsonl_rows(path)]
     elif suffix in (".csv", ".tsv"):
         raw = _table_pairs(path, suffix)
     elif suffix == ".json":
@@ -102,11 +100,21 @@ def _text(path: Path) -> str:
         raise ValueError(f"{path}: line {line}: not UTF-8 text ({exc.reason})") from None
 
 
-def _jsonl_pair(path: Path, number: int, line: str) -> tuple[str, object, object, bool]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: line {number}: not JSON ({exc.msg}, column {exc.colno})") from None
+def jsonl_rows(path: Path) -> list[tuple[int, object]]:
+    """(line number, parsed value) of each non-blank line of a JSONL file; ValueError naming the file and line for
+    text that is not UTF-8 or a line that is not JSON."""
+    rows = []
+    # "\n" only: str.splitlines also breaks at U+2028 / U+0085, which JSON strings may hold unescaped
+    for number, line in enumerate(_text(Path(path)).split("\n"), 1):
+        if line.strip():
+            try:
+                rows.append((number, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {number}: not JSON ({exc.msg}, column {exc.colno})") from None
+    return rows
+
+
+def _jsonl_pair(path: Path, number: int, row: object) -> tuple[str, object, object, bool]:
     if not isinstance(row, dict) or not {"cached", "query", "same"} <= row.keys():
         raise ValueError(f"{path}: line {number} lacks one of cached/query/same")
     if not isinstance(row["same"], bool):
