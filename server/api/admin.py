@@ -35,7 +35,9 @@ def _jsonl_records(body: bytes) -> list[dict]:
     """One JSON object per non-blank line; ValueError naming the line otherwise (APIError for text no request may
     hold: lone surrogates, nesting past body.MAX_DEPTH)."""
     records = []
-    for n, line in enumerate(body.decode("utf-8", errors="strict").splitlines(), 1):
+    # "\n" only (a "\r" before it is JSON whitespace): str.splitlines also breaks at U+2028 / U+0085, which an
+    # answer's JSON string may hold unescaped, as server.tuning.pairs.jsonl_rows reads its files
+    for n, line in enumerate(body.decode("utf-8", errors="strict").split("\n"), 1):
         if line.strip():
             try:
                 record = json.loads(line)

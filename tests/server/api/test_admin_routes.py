@@ -63,3 +63,14 @@ def test_invalidate_and_warmup_never_block_the_event_loop(tmp_path, caplog):
     slow = [r.getMessage() for r in caplog.records if "took" in r.getMessage()]
     assert not slow, slow
     cache.close()
+
+
+def test_warmup_lines_split_at_newlines_only():
+    """An answer holding U+2028 unescaped (json.dumps with ensure_ascii=False writes it so) is one line of JSON:
+    splitlines cut it in two and the warm-up was refused as 'Unterminated string'. CRLF lines still parse."""
+    from strata.server.api.admin import _jsonl_records
+
+    body = (json.dumps({"question": "q", "answer": "line one\u2028line two\u0085three"}, ensure_ascii=False) + "\r\n"
+            + json.dumps({"question": "q2", "answer": "a"}) + "\n").encode()
+    assert _jsonl_records(body) == [{"question": "q", "answer": "line one\u2028line two\u0085three"},
+                                    {"question": "q2", "answer": "a"}]
