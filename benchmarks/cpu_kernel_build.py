@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -28,11 +29,9 @@ def header_seconds(header: str, folder: Path) -> float:
     """Compile a source that includes only `header`, with the flags the kernels are built with."""
     source = folder / "probe.cpp"
     source.write_text(f"#include <{header}>\n")
-    includes = [f"-isystem{path}" for path in cpp_extension.include_paths()]
-    python = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    includes = [f"-isystem{path}" for path in (*cpp_extension.include_paths(), sysconfig.get_paths()["include"])]
     start = time.perf_counter()
-    subprocess.run(["c++", *includes, f"-isystem{python}", "-fPIC", "-std=c++20", "-O3", "-march=native",
+    subprocess.run(["c++", *includes, "-fPIC", "-std=c++20", "-O3", "-march=native",
                     "-c", str(source), "-o", str(folder / "probe.o")], check=True)
     return round(time.perf_counter() - start, 1)
 
